@@ -1,0 +1,1 @@
+"""The check-back worker (RocketMQ's TransactionalMessageCheckService), run as ``txmq checker``."""

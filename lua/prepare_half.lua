@@ -1,0 +1,61 @@
+-- prepare_half: write the half message of a new transaction (SPEC §4.2). Consumers cannot see it.
+-- KEYS: the topic keys of topic_keys.lua (uses half_stream, inflight, ended, unchecked, due, dead_index).
+-- ARGV[1] transaction_id        client-made, unique; a retried call with the same id writes nothing new
+-- ARGV[2] producer_group        the group whose live producers answer check-backs
+-- ARGV[3] topic                 topic name (the message's, without partition suffix)
+-- ARGV[4] partition             partition number, decimal
+-- ARGV[5] body                  message bytes, unchanged
+-- ARGV[6] keys                  space-separated keys, '' for none
+-- ARGV[7] tags                  tag, '' for none
+-- ARGV[8] properties            JSON object of str -> str, '' for none
+-- ARGV[9] check_immunity_ms     the message's own check immunity, '' to use the checker's transaction_timeout
+-- Reply: {'OK', half_id, state, 'NEW' | 'DUPLICATE'} or {'ERR', code, detail}.
+
+local txid, group, topic, partition = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if txid == '' or group == '' or topic == '' then
+  return fail('BADARG', 'transaction_id, producer_group and topic must not be empty')
+end
+if not tonumber(partition) then
+  return fail('BADARG', 'partition must be a number, got ' .. partition)
+end
+local immunity_ms = nil
+if ARGV[9] ~= '' then
+  immunity_ms = tonumber(ARGV[9])
+  if not immunity_ms or immunity_ms <= 0 then
+    return fail('BADARG', 'check_immunity_ms must be a positive number, got ' .. ARGV[9])
+  end
+end
+
+-- Idempotent: a retry after a lost reply finds the first half message.
+local half_id = redis.call('HGET', inflight, txid)
+if half_id then
+  return {'OK', half_id, 'PREPARED', 'DUPLICATE'}
+end
+local prior = redis.call('HGET', ended, txid)
+if prior then
+  local state, _, prior_half = split_ended(prior)
+  return {'OK', prior_half, state, 'DUPLICATE'}
+end
+if redis.call('HEXISTS', dead_index, txid) == 1 then
+  return {'OK', '', 'DEAD', 'DUPLICATE'}
+end
+
+local now = now_ms()
+local fields = {'transaction_id', txid, 'producer_group', group, 'topic', topic, 'partition', partition,
+                'born_ms', string.format('%d', now), 'body', ARGV[5]}
+if ARGV[6] ~= '' then fields[#fields + 1] = 'keys'; fields[#fields + 1] = ARGV[6] end
+if ARGV[7] ~= '' then fields[#fields + 1] = 'tags'; fields[#fields + 1] = ARGV[7] end
+if ARGV[8] ~= '' then fields[#fields + 1] = 'properties'; fields[#fields + 1] = ARGV[8] end
+if immunity_ms then
+  fields[#fields + 1] = 'check_immunity_ms'
+  fields[#fields + 1] = string.format('%d', immunity_ms)
+end
+
+half_id = redis.call('XADD', half_stream, '*', unpack(fields))
+redis.call('HSET', inflight, txid, half_id)
+if immunity_ms then
+  redis.call('ZADD', due, now + immunity_ms, txid)
+else
+  redis.call('ZADD', unchecked, now, txid)
+end
+return {'OK', half_id, 'PREPARED', 'NEW'}

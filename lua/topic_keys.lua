@@ -1,0 +1,90 @@
+-- Prelude of every transaction script: the loader (redis_txmq/scripts.py) puts it in front of the script.
+-- It binds KEYS, which the caller passes in the order of redis_txmq.keys.TopicKeys.script_keys(); every key is
+-- in the hash slot of the topic stream (hash tag {<topic stream key>}), so these scripts also run on Cluster.
+--
+-- KEYS[1]  half_stream   stream  half messages of in-flight transactions
+-- KEYS[2]  op_stream     stream  outcome records, capped
+-- KEYS[3]  dead_stream   stream  transactions the checker gave up on
+-- KEYS[4]  topic_stream  stream  committed messages: what consumers read
+-- KEYS[5]  inflight      hash    transaction id -> half message id
+-- KEYS[6]  ended         hash    transaction id -> "<state>|<committed id or ->|<half id>|<producer group>"
+-- KEYS[7]  ended_at      zset    transaction id -> end time in ms, to forget `ended` after the dedupe window
+-- KEYS[8]  unchecked     zset    transaction id -> born time in ms (no own immunity, never checked yet)
+-- KEYS[9]  due           zset    transaction id -> time of the next check in ms
+-- KEYS[10] checks        hash    transaction id -> number of checks so far
+-- KEYS[11] remarks       hash    transaction id -> last remark
+-- KEYS[12] dead_index    hash    transaction id -> entry id in dead_stream
+--
+-- Replies are tables: {'OK', ...} or {'ERR', code, detail}; the Python side maps codes to exceptions.
+
+local half_stream, op_stream, dead_stream, topic_stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local inflight, ended, ended_at = KEYS[5], KEYS[6], KEYS[7]
+local unchecked, due, checks, remarks, dead_index = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+
+-- Times come from the Redis server, never from a client: clients' clocks skew.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fail(code, detail)
+  return {'ERR', code, detail}
+end
+
+local function to_map(flat)
+  local map = {}
+  for i = 1, #flat, 2 do
+    map[flat[i]] = flat[i + 1]
+  end
+  return map
+end
+
+local function split_ended(value)
+  local parts = {}
+  for part in string.gmatch(value, '[^|]+') do
+    parts[#parts + 1] = part
+  end
+  return parts[1], parts[2], parts[3], parts[4]
+end
+
+-- Forget ended transactions whose dedupe window has passed; a few per call keeps up with the end rate.
+local function expire_ended(now, window_ms)
+  local old = redis.call('ZRANGEBYSCORE', ended_at, '-inf', '(' .. string.format('%d', now - window_ms), 'LIMIT', 0, 16)
+  if #old > 0 then
+    redis.call('HDEL', ended, unpack(old))
+    redis.call('ZREM', ended_at, unpack(old))
+  end
+end
+
+-- Drop every trace of an in-flight transaction: memory follows in-flight transactions, not history.
+local function retire(txid, half_id)
+  redis.call('XDEL', half_stream, half_id)
+  redis.call('HDEL', inflight, txid)
+  redis.call('ZREM', unchecked, txid)
+  redis.call('ZREM', due, txid)
+  redis.call('HDEL', checks, txid)
+  redis.call('HDEL', remarks, txid)
+end
+
+-- Remember an outcome for the dedupe window, so a repeated end gets the first answer.
+local function remember_outcome(txid, state, committed_id, half_id, group, now, window_ms)
+  if window_ms > 0 then
+    local committed = committed_id ~= '' and committed_id or '-'
+    redis.call('HSET', ended, txid, state .. '|' .. committed .. '|' .. half_id .. '|' .. group)
+    redis.call('ZADD', ended_at, now, txid)
+  end
+end
+
+-- The topic stream entry of a half message: the fields a consumer in any language reads (README).
+local function committed_fields(half)
+  local fields = {'transaction_id', half['transaction_id'], 'body', half['body']}
+  for _, name in ipairs({'keys', 'tags', 'properties'}) do
+    if half[name] then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = half[name]
+    end
+  end
+  return fields
+end
+
+-- ===== end of prelude =====

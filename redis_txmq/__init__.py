@@ -1,0 +1,58 @@
+"""redis-txmq: RocketMQ-style transactional messages on Redis Streams."""
+
+from .config import Settings
+from .consumer import Consumer
+from .entries import ConsumedMessage
+from .errors import (
+    ConfigurationError,
+    CorruptEntryError,
+    DelayNotSupportedError,
+    InvalidMessageError,
+    InvalidPropertyError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    PrepareError,
+    ProducerGroupMismatchError,
+    ProducerStateError,
+    ReservedPropertyError,
+    TransactionConflictError,
+    TransactionDeadLetteredError,
+    TransactionError,
+    TransactionNotFoundError,
+    TxMQConnectionError,
+    TxMQError,
+)
+from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult
+from .producer import TransactionListener, TransactionProducer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "ConsumedMessage",
+    "Consumer",
+    "CorruptEntryError",
+    "DelayNotSupportedError",
+    "InvalidMessageError",
+    "InvalidPropertyError",
+    "InvalidTopicError",
+    "LocalTransactionState",
+    "Message",
+    "MessageTooLargeError",
+    "PrepareError",
+    "ProducerGroupMismatchError",
+    "ProducerStateError",
+    "ReservedPropertyError",
+    "SendStatus",
+    "Settings",
+    "TransactionConflictError",
+    "TransactionDeadLetteredError",
+    "TransactionError",
+    "TransactionListener",
+    "TransactionNotFoundError",
+    "TransactionProducer",
+    "TransactionSendResult",
+    "TxMQConnectionError",
+    "TxMQError",
+    "__version__",
+]

@@ -1,0 +1,53 @@
+"""Redis clients: made from a URL, or checked when the user passes one."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.cluster import RedisCluster
+
+from .errors import ConfigurationError
+
+
+def connect(redis_url: str, *, cluster: bool = False) -> Any:
+    """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://`` or ``unix://`` URLs."""
+    try:
+        if cluster:
+            return RedisCluster.from_url(redis_url)
+        return redis.Redis.from_url(redis_url)
+    except ValueError as exc:
+        raise ConfigurationError(f"invalid Redis URL {redact_url(redis_url)!r}: {exc}") from None
+
+
+def ensure_binary_client(client: Any) -> Any:
+    """Refuse a client that decodes replies: message bodies are bytes and must come back unchanged."""
+    if isinstance(client, RedisCluster):
+        kwargs = client.nodes_manager.connection_kwargs
+    elif hasattr(client, "get_connection_kwargs"):
+        kwargs = client.get_connection_kwargs()
+    else:
+        raise ConfigurationError(f"expected a redis.Redis or redis.cluster.RedisCluster client, got {client!r}")
+    if kwargs.get("decode_responses"):
+        raise ConfigurationError(
+            "the Redis client decodes responses; pass one made with decode_responses=False "
+            "(message bodies are bytes)"
+        )
+    return client
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for logs and errors."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable redis url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}" if user else f":***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -1,0 +1,228 @@
+"""Consumer groups over topic streams: ack, re-delivery of abandoned entries, a delivery limit.
+
+A topic stream holds committed messages only, so nothing here can see a half or rolled-back message.
+Any Redis client can read the same streams with XREADGROUP; this class adds what a broker user expects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from .config import Settings
+from .connection import connect, ensure_binary_client
+from .entries import ConsumedMessage, decode_topic_entry, text
+from .errors import ConfigurationError, CorruptEntryError, TxMQConnectionError
+from .keys import TopicKeys
+from .message import validate_name
+from .scripts import CONSUMER_PRELUDE, register_script
+
+logger = logging.getLogger(__name__)
+
+_CURSOR_START = "0-0"
+
+
+class Consumer:
+    """Reads one topic through a consumer group; each message goes to one consumer of the group.
+
+    Unacked messages of a consumer that died are claimed by a live one after ``min_idle_time`` seconds;
+    a message delivered more than ``max_deliveries`` times moves to the group's dead-letter stream
+    (``txmq:{<topic>}:consumer-dead:<group>``) with its reason instead of being delivered again.
+    ``start_id`` is where a new group starts: ``"0"`` (default, nothing committed is missed) or ``"$"``.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        group: str,
+        consumer_name: str | None = None,
+        *,
+        redis_url: str | None = None,
+        client: Any = None,
+        settings: Settings | None = None,
+        start_id: str = "0",
+        batch_size: int = 16,
+        block: float = 1.0,
+        min_idle_time: float = 30.0,
+        max_deliveries: int = 16,
+    ) -> None:
+        validate_name(topic, "topic")
+        self.group = validate_name(group, "consumer group")
+        if redis_url is not None and client is not None:
+            raise ConfigurationError("pass redis_url or client, not both")
+        if not 1 <= batch_size <= 1000:
+            raise ConfigurationError(f"topic {topic!r}: batch_size must be 1..1000, got {batch_size}")
+        if block < 0 or min_idle_time <= 0 or max_deliveries < 1:
+            raise ConfigurationError(
+                f"topic {topic!r}: need block >= 0, min_idle_time > 0 and max_deliveries >= 1"
+            )
+        self.topic = topic
+        self.keys = TopicKeys(topic)
+        self.consumer_name = consumer_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.batch_size = batch_size
+        self.block = block
+        self.min_idle_time = min_idle_time
+        self.max_deliveries = max_deliveries
+        self.settings = settings or Settings.from_env(redis_url=redis_url)
+        self._owns_client = client is None
+        if client is None:
+            client = connect(self.settings.redis_url, cluster=self.settings.cluster)
+        self.client = ensure_binary_client(client)
+        self._claim = register_script(self.client, "consumer_claim", CONSUMER_PRELUDE)
+        self._dead_letter = register_script(self.client, "consumer_dead_letter", CONSUMER_PRELUDE)
+        self._claim_cursor = _CURSOR_START
+        self._next_claim = 0.0
+        self._stop = threading.Event()
+        self._create_group(start_id)
+
+    @property
+    def dead_stream(self) -> str:
+        """The key of this group's dead-letter stream."""
+        return self.keys.consumer_dead_stream(self.group)
+
+    def _script_keys(self) -> list[str]:
+        return [self.keys.topic_stream, self.dead_stream]
+
+    def _create_group(self, start_id: str) -> None:
+        try:
+            self.client.xgroup_create(self.keys.topic_stream, self.group, id=start_id, mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise TxMQConnectionError(
+                    f"topic {self.topic!r}: could not create consumer group {self.group!r}: {exc}"
+                ) from exc
+
+    def poll(self, timeout: float | None = None) -> list[ConsumedMessage]:
+        """Up to ``batch_size`` messages: abandoned ones first, then new ones (waiting up to ``timeout``)."""
+        try:
+            messages = self._claim_abandoned()
+            if messages:
+                return messages
+            block_ms = int((self.block if timeout is None else timeout) * 1000)
+            reply = self.client.xreadgroup(
+                self.group,
+                self.consumer_name,
+                {self.keys.topic_stream: ">"},
+                count=self.batch_size,
+                block=block_ms or None,
+            )
+        except redis.RedisError as exc:
+            raise TxMQConnectionError(f"topic {self.topic!r}, group {self.group!r}: read failed: {exc}") from exc
+        return self._decode_all([(entry_id, fields, 1) for _, batch in _stream_batches(reply) for entry_id, fields
+                                 in batch])
+
+    def _claim_abandoned(self) -> list[ConsumedMessage]:
+        """XAUTOCLAIM through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once a scan ends."""
+        now = time.monotonic()
+        if self._claim_cursor == _CURSOR_START and now < self._next_claim:
+            return []
+        reply = self._claim(
+            keys=self._script_keys(),
+            args=[
+                self.group,
+                self.consumer_name,
+                int(self.min_idle_time * 1000),
+                self._claim_cursor,
+                min(self.batch_size, 100),
+                self.max_deliveries,
+            ],
+        )
+        self._claim_cursor = text(reply[0]) or _CURSOR_START
+        if self._claim_cursor == _CURSOR_START:
+            self._next_claim = now + self.min_idle_time / 2
+        claimed = [(entry_id, fields, int(count)) for entry_id, count, fields in reply[1:]]
+        for entry_id, _, count in claimed:
+            logger.info("topic=%s group=%s re-delivering %s (delivery %d)", self.topic, self.group,
+                        text(entry_id), count)
+        return self._decode_all(claimed)
+
+    def _decode_all(self, raw: list[tuple[Any, Any, int]]) -> list[ConsumedMessage]:
+        messages = []
+        for entry_id, fields, count in raw:
+            if fields is None:
+                continue
+            if isinstance(fields, list):
+                fields = dict(zip(fields[::2], fields[1::2]))
+            try:
+                messages.append(decode_topic_entry(self.topic, self.keys.topic_stream, entry_id, fields, count))
+            except CorruptEntryError as exc:
+                logger.error("topic=%s group=%s dead-lettering malformed entry: %s", self.topic, self.group, exc)
+                self._move_to_dead(text(entry_id) or "", f"malformed entry: {exc}", count)
+        return messages
+
+    def ack(self, message: ConsumedMessage) -> None:
+        """Mark the message processed; an unacked message is re-delivered after ``min_idle_time``."""
+        self.client.xack(message.stream, self.group, message.id)
+
+    def dead_letter(self, message: ConsumedMessage, reason: str) -> bool:
+        """Give up on a message now: move it to the dead-letter stream with ``reason`` (and ack it)."""
+        return self._move_to_dead(message.id, reason, message.delivery_count)
+
+    def _move_to_dead(self, entry_id: str, reason: str, delivery_count: int) -> bool:
+        moved = self._dead_letter(keys=self._script_keys(), args=[self.group, entry_id, reason, delivery_count])
+        return bool(int(moved))
+
+    def dead_letters(self, count: int = 100) -> list[tuple[str, dict[str, bytes]]]:
+        """The oldest ``count`` entries of this group's dead-letter stream, as ``(entry id, fields)``."""
+        return [
+            (text(entry_id) or "", {text(k) or "": v for k, v in fields.items()})
+            for entry_id, fields in self.client.xrange(self.dead_stream, count=count)
+        ]
+
+    def __iter__(self) -> Iterator[ConsumedMessage]:
+        """Messages until :meth:`stop` or :meth:`close`; the caller acks each one."""
+        while not self._stop.is_set():
+            yield from self.poll()
+
+    def run(self, handler: Callable[[ConsumedMessage], Any], *, max_messages: int | None = None) -> int:
+        """Call ``handler`` for each message and ack it when the handler returns; a handler that raises leaves
+        the message pending for re-delivery. Returns how many were handled, when stopped or at ``max_messages``."""
+        handled = 0
+        for message in self:
+            try:
+                handler(message)
+            except Exception:  # noqa: BLE001 - a failing handler must not kill the consumer
+                logger.exception("topic=%s group=%s tx=%s handler failed on %s (delivery %d); will re-deliver",
+                                 self.topic, self.group, message.transaction_id, message.id, message.delivery_count)
+                continue
+            self.ack(message)
+            handled += 1
+            if max_messages is not None and handled >= max_messages:
+                break
+        return handled
+
+    def stop(self) -> None:
+        """Make iteration and :meth:`run` return after the current poll (thread-safe)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        self.stop()
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _stream_batches(reply: Any) -> list[tuple[Any, list[Any]]]:
+    """XREADGROUP replies are a list under RESP2 and a dict under RESP3."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return [(stream, batch[0] if batch and isinstance(batch[0], list) else batch) for stream, batch in
+                reply.items()]
+    return [(stream, batch) for stream, batch in reply]

@@ -1,0 +1,115 @@
+"""The fields of stream entries, and their conversion to and from Python objects.
+
+Topic stream entries (what any consumer reads; documented in the README):
+``transaction_id``, ``body`` (bytes, unchanged), and when set ``keys`` (space-separated), ``tags`` and
+``properties`` (a JSON object of strings). Half stream entries carry the same plus ``producer_group``,
+``topic``, ``partition``, ``born_ms`` and, when the message has its own, ``check_immunity_ms``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import CorruptEntryError
+from .message import Message
+
+TRANSACTION_ID = "transaction_id"
+BODY = "body"
+KEYS = "keys"
+TAGS = "tags"
+PROPERTIES = "properties"
+PRODUCER_GROUP = "producer_group"
+TOPIC = "topic"
+PARTITION = "partition"
+BORN_MS = "born_ms"
+CHECK_IMMUNITY_MS = "check_immunity_ms"
+
+
+def text(value: bytes | str | None) -> str | None:
+    """Decode a reply value; ids and names are ASCII/UTF-8."""
+    if value is None or isinstance(value, str):
+        return value
+    return value.decode("utf-8", "replace")
+
+
+def encode_properties(properties: dict[str, str] | None) -> str:
+    """'' for none, so that an empty dict costs nothing in the entry."""
+    if not properties:
+        return ""
+    return json.dumps(properties, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def prepare_args(message: Message, transaction_id: str, producer_group: str, partition: int) -> list[Any]:
+    """ARGV of ``lua/prepare_half.lua`` for a validated message."""
+    immunity = message.check_immunity_seconds
+    return [
+        transaction_id,
+        producer_group,
+        message.topic,
+        partition,
+        bytes(message.body),
+        " ".join(message.keys_list),
+        message.tags or "",
+        encode_properties(message.properties),
+        "" if immunity is None else int(immunity * 1000) or 1,
+    ]
+
+
+def _fields(raw: dict[Any, Any]) -> dict[str, bytes]:
+    return {text(k) or "": v if isinstance(v, bytes) else str(v).encode() for k, v in raw.items()}
+
+
+def _decode_properties(raw: bytes | None, entry_id: str) -> dict[str, str]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise CorruptEntryError(f"entry {entry_id}: field 'properties' is not JSON") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise CorruptEntryError(f"entry {entry_id}: field 'properties' is not an object of strings")
+    return value
+
+
+@dataclass(frozen=True)
+class ConsumedMessage:
+    """A committed message as a consumer receives it."""
+
+    topic: str
+    stream: str
+    id: str
+    body: bytes
+    transaction_id: str | None
+    keys: list[str] = field(default_factory=list)
+    tags: str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    delivery_count: int = 1
+
+    @property
+    def timestamp_ms(self) -> int:
+        """Commit time (server clock), from the entry id."""
+        return int(self.id.split("-", 1)[0])
+
+
+def decode_topic_entry(
+    topic: str, stream: str, entry_id: bytes | str, raw: dict[Any, Any], delivery_count: int = 1
+) -> ConsumedMessage:
+    """A topic stream entry as a :class:`ConsumedMessage`; :class:`CorruptEntryError` if it has no body."""
+    eid = text(entry_id) or ""
+    values = _fields(raw)
+    if BODY not in values:
+        raise CorruptEntryError(f"entry {eid} of stream {stream!r} has no 'body' field")
+    keys = text(values.get(KEYS))
+    return ConsumedMessage(
+        topic=topic,
+        stream=stream,
+        id=eid,
+        body=values[BODY],
+        transaction_id=text(values.get(TRANSACTION_ID)),
+        keys=keys.split() if keys else [],
+        tags=text(values.get(TAGS)),
+        properties=_decode_properties(values.get(PROPERTIES), eid),
+        delivery_count=delivery_count,
+    )

@@ -1,0 +1,127 @@
+"""Every Redis key name of redis-txmq, and nothing else builds one.
+
+Layout (SPEC §3). For a topic stream key ``S`` (the topic name, ``<topic>#<p>`` for partition p of a
+partitioned topic; ``#`` cannot occur in a topic name), every companion key carries the hash tag ``{S}``
+and so lives in the hash slot of ``S`` itself: one script call can touch them all, also on Redis Cluster.
+
+====================================  ======  ==========================================================
+key                                   type    holds
+====================================  ======  ==========================================================
+``S``                                 stream  committed messages only: what consumers read
+``txmq:{S}:half``                     stream  half messages of in-flight transactions (retired on end)
+``txmq:{S}:op``                       stream  outcome records, capped (RocketMQ's op half topic)
+``txmq:{S}:dead``                     stream  transactions given up by the checker, whole, with reason
+``txmq:{S}:inflight``                 hash    transaction id -> half message id
+``txmq:{S}:ended``                    hash    transaction id -> outcome, for the dedupe window
+``txmq:{S}:ended-at``                 zset    transaction id -> end time (ms), expires ``ended``
+``txmq:{S}:unchecked``                zset    transaction id -> born time (ms), never checked, no own immunity
+``txmq:{S}:due``                      zset    transaction id -> time of next check (ms)
+``txmq:{S}:checks``                   hash    transaction id -> number of checks so far
+``txmq:{S}:remarks``                  hash    transaction id -> last remark (listener exception, check answer)
+``txmq:{S}:dead-index``               hash    transaction id -> entry id in the dead-letter stream
+``txmq:{S}:consumer-dead:<group>``    stream  entries a consumer group gave up on (delivery limit)
+``txmq:topics``                       set     registry of topic stream keys that have seen a transaction
+====================================  ======  ==========================================================
+
+The Lua scripts that change a transaction receive :meth:`TopicKeys.script_keys` as KEYS, in that
+order; ``lua/topic_keys.lua`` binds them to names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .message import validate_name
+
+PREFIX = "txmq"
+TOPIC_REGISTRY = f"{PREFIX}:topics"
+PARTITION_SEPARATOR = "#"
+
+
+def topic_stream_key(topic: str, partition: int = 0, partitions: int = 1) -> str:
+    """The key of a topic partition's stream: the bare topic name when the topic has one partition."""
+    if partitions == 1:
+        return topic
+    return f"{topic}{PARTITION_SEPARATOR}{partition}"
+
+
+@dataclass(frozen=True)
+class TopicKeys:
+    """The keys of one topic partition; all in the hash slot of :attr:`topic_stream`."""
+
+    topic: str
+    partition: int = 0
+    partitions: int = 1
+
+    @property
+    def topic_stream(self) -> str:
+        return topic_stream_key(self.topic, self.partition, self.partitions)
+
+    def _companion(self, name: str) -> str:
+        return f"{PREFIX}:{{{self.topic_stream}}}:{name}"
+
+    @property
+    def half_stream(self) -> str:
+        return self._companion("half")
+
+    @property
+    def op_stream(self) -> str:
+        return self._companion("op")
+
+    @property
+    def dead_stream(self) -> str:
+        return self._companion("dead")
+
+    @property
+    def inflight(self) -> str:
+        return self._companion("inflight")
+
+    @property
+    def ended(self) -> str:
+        return self._companion("ended")
+
+    @property
+    def ended_at(self) -> str:
+        return self._companion("ended-at")
+
+    @property
+    def unchecked(self) -> str:
+        return self._companion("unchecked")
+
+    @property
+    def due(self) -> str:
+        return self._companion("due")
+
+    @property
+    def checks(self) -> str:
+        return self._companion("checks")
+
+    @property
+    def remarks(self) -> str:
+        return self._companion("remarks")
+
+    @property
+    def dead_index(self) -> str:
+        return self._companion("dead-index")
+
+    def consumer_dead_stream(self, group: str) -> str:
+        """Dead letters of one consumer group of this topic stream."""
+        validate_name(group, "consumer group")
+        return self._companion(f"consumer-dead:{group}")
+
+    def script_keys(self) -> list[str]:
+        """KEYS of every transaction script, in the order ``lua/topic_keys.lua`` binds them."""
+        return [
+            self.half_stream,
+            self.op_stream,
+            self.dead_stream,
+            self.topic_stream,
+            self.inflight,
+            self.ended,
+            self.ended_at,
+            self.unchecked,
+            self.due,
+            self.checks,
+            self.remarks,
+            self.dead_index,
+        ]

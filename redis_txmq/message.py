@@ -1,0 +1,181 @@
+"""The message model and its validation (SPEC §4.1).
+
+Validation runs before anything is written to Redis, so a refused message leaves no trace.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import (
+    ConfigurationError,
+    DelayNotSupportedError,
+    InvalidMessageError,
+    InvalidPropertyError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    ReservedPropertyError,
+)
+
+TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,126}$")
+"""Topic names, also used for producer and consumer group names. No braces: they would break hash tags."""
+
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+
+DELAY_PROPERTIES = frozenset(
+    {"DELAY", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_DELIVER_MS", "__STARTDELIVERTIME"}
+)
+"""RocketMQ's delay properties: refused on a transactional message instead of silently dropped."""
+
+RESERVED_PROPERTIES = frozenset(
+    {
+        "KEYS",
+        "TAGS",
+        "TRAN_MSG",
+        "PGROUP",
+        "UNIQ_KEY",
+        "TRANSACTION_ID",
+        "TRANSACTION_CHECK_TIMES",
+        "CHECK_IMMUNITY_TIME_IN_SECONDS",
+        "REAL_TOPIC",
+        "REAL_QID",
+    }
+)
+"""RocketMQ system property names that have a typed field here instead (keys, tags, check immunity...)."""
+
+RESERVED_PREFIX = "txmq."
+
+
+class LocalTransactionState(str, enum.Enum):
+    """What the local transaction decided. ``None`` or an exception from a listener counts as UNKNOWN."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"
+
+
+class SendStatus(str, enum.Enum):
+    """Outcome of writing the half message; a failed write raises instead of returning a status."""
+
+    SEND_OK = "SEND_OK"
+
+
+def validate_name(name: object, what: str) -> str:
+    """Check a topic or group name against :data:`TOPIC_PATTERN`."""
+    if not isinstance(name, str) or not TOPIC_PATTERN.match(name):
+        error = InvalidTopicError if what == "topic" else ConfigurationError
+        raise error(
+            f"invalid {what} name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ . : - "
+            "starting with a letter or digit (no braces, no spaces)"
+        )
+    return name
+
+
+@dataclass
+class Message:
+    """A message to publish. ``transaction_id`` is set by the producer before the local transaction runs,
+    so the listener can store it with its own data and answer checks by it."""
+
+    topic: str
+    body: bytes
+    keys: str | list[str] | None = None
+    tags: str | None = None
+    properties: dict[str, str] | None = None
+    delay_seconds: float | None = None
+    check_immunity_seconds: float | None = None
+    transaction_id: str | None = field(default=None, compare=False)
+
+    @property
+    def keys_list(self) -> list[str]:
+        """The keys as a list (RocketMQ joins several keys with a space)."""
+        if not self.keys:
+            return []
+        if isinstance(self.keys, str):
+            return self.keys.split()
+        return list(self.keys)
+
+    def validate(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        """Raise an :class:`InvalidMessageError` subclass naming what is wrong; return ``None`` if valid."""
+        validate_name(self.topic, "topic")
+        where = f"message for topic {self.topic!r}"
+        if not isinstance(self.body, (bytes, bytearray, memoryview)):
+            hint = " (encode it first, e.g. body=text.encode())" if isinstance(self.body, str) else ""
+            raise InvalidMessageError(f"{where}: body must be bytes, not {type(self.body).__name__}{hint}")
+        size = len(self.body) if not isinstance(self.body, memoryview) else self.body.nbytes
+        if size > max_message_size:
+            raise MessageTooLargeError(
+                f"{where}: body is {size} bytes, over max_message_size {max_message_size}; "
+                "send a reference to the payload instead, or raise max_message_size"
+            )
+        if self.delay_seconds:
+            raise DelayNotSupportedError(
+                f"{where}: a transactional message cannot be delayed (delay_seconds={self.delay_seconds}); "
+                "send it without a delay"
+            )
+        self._validate_keys(where)
+        if self.tags is not None:
+            if not isinstance(self.tags, str) or not self.tags or "||" in self.tags or self.tags.isspace():
+                raise InvalidMessageError(f"{where}: tags must be a non-empty str without '||', got {self.tags!r}")
+        self._validate_properties(where)
+        if self.check_immunity_seconds is not None:
+            immunity = self.check_immunity_seconds
+            if isinstance(immunity, bool) or not isinstance(immunity, (int, float)) or not immunity > 0:
+                raise InvalidMessageError(
+                    f"{where}: check_immunity_seconds must be a positive number, got {immunity!r}"
+                )
+
+    def _validate_keys(self, where: str) -> None:
+        if self.keys is None:
+            return
+        keys = [self.keys] if isinstance(self.keys, str) else self.keys
+        if not isinstance(keys, (list, tuple)) or not keys:
+            raise InvalidMessageError(f"{where}: keys must be a str or a non-empty list of str, got {self.keys!r}")
+        for key in keys:
+            if not isinstance(key, str) or not key.strip():
+                raise InvalidMessageError(f"{where}: every key must be a non-empty str, got {key!r}")
+            if not isinstance(self.keys, str) and any(c.isspace() for c in key):
+                raise InvalidMessageError(f"{where}: key {key!r} contains whitespace, which separates keys")
+
+    def _validate_properties(self, where: str) -> None:
+        if self.properties is None:
+            return
+        if not isinstance(self.properties, Mapping):
+            raise InvalidPropertyError(
+                f"{where}: properties must be a dict of str to str, got {type(self.properties).__name__}"
+            )
+        for name, value in self.properties.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidPropertyError(f"{where}: property names must be non-empty str, got {name!r}")
+            if not isinstance(value, str):
+                raise InvalidPropertyError(
+                    f"{where}: property {name!r} must have a str value, got {type(value).__name__} "
+                    "(convert it with str() or json.dumps())"
+                )
+            upper = name.upper()
+            if upper in DELAY_PROPERTIES:
+                raise DelayNotSupportedError(
+                    f"{where}: property {name!r} asks for a delay, which a transactional message cannot have"
+                )
+            if upper in RESERVED_PROPERTIES or name.lower().startswith(RESERVED_PREFIX):
+                raise ReservedPropertyError(
+                    f"{where}: property name {name!r} is reserved; use the Message fields "
+                    "(keys, tags, check_immunity_seconds) or another name"
+                )
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    """What ``send_message_in_transaction`` did. ``committed_id`` is the topic stream entry id, set only when
+    the commit was applied; ``end_error`` says why an end call failed (the check-back resolves it)."""
+
+    transaction_id: str
+    topic: str
+    half_id: str
+    local_transaction_state: LocalTransactionState
+    send_status: SendStatus = SendStatus.SEND_OK
+    committed_id: str | None = None
+    remark: str | None = None
+    end_error: str | None = None

@@ -1,0 +1,175 @@
+"""The transactional producer (RocketMQ's TransactionMQProducer) and the listener contract."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import uuid
+from types import TracebackType
+from typing import Any
+
+from .broker import EndSource, RedisBroker
+from .config import Settings
+from .connection import connect, ensure_binary_client
+from .errors import ConfigurationError, PrepareError, ProducerStateError, TxMQError
+from .keys import TopicKeys
+from .message import (
+    LocalTransactionState,
+    Message,
+    SendStatus,
+    TransactionSendResult,
+    validate_name,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class TransactionListener(abc.ABC):
+    """The user's side of a transaction: run it, and later say what became of it."""
+
+    @abc.abstractmethod
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
+        """Run the local transaction. ``message.transaction_id`` is set: store it with your data so that
+        :meth:`check_local_transaction` can find the outcome. ``None`` or an exception means UNKNOWN."""
+
+    @abc.abstractmethod
+    def check_local_transaction(self, message: Message) -> LocalTransactionState | None:
+        """Answer a check-back for a transaction whose outcome never reached Redis."""
+
+
+class _State:
+    CREATED = "created"
+    RUNNING = "running"
+    SHUT_DOWN = "shut down"
+
+
+class TransactionProducer:
+    """Sends messages in transactions: half message, local transaction, then an atomic commit or rollback.
+
+    Thread-safe: one producer may be shared by the threads of a service. Pass ``redis_url`` or ``client``
+    (a ``redis.Redis`` or ``redis.cluster.RedisCluster`` with ``decode_responses=False``); with neither,
+    ``TXMQ_REDIS_URL`` or the default URL is used.
+    """
+
+    def __init__(
+        self,
+        producer_group: str,
+        listener: TransactionListener,
+        *,
+        redis_url: str | None = None,
+        client: Any = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.producer_group = validate_name(producer_group, "producer group")
+        if not isinstance(listener, TransactionListener):
+            raise ConfigurationError(
+                f"producer group {producer_group!r}: listener must be a TransactionListener, got {listener!r}"
+            )
+        if redis_url is not None and client is not None:
+            raise ConfigurationError("pass redis_url or client, not both")
+        self.listener = listener
+        self.settings = settings or Settings.from_env(redis_url=redis_url)
+        self._owns_client = client is None
+        if client is None:
+            client = connect(self.settings.redis_url, cluster=self.settings.cluster)
+        self.client = ensure_binary_client(client)
+        self.broker = RedisBroker(self.client, self.settings)
+        self._state = _State.CREATED
+        self._lock = threading.Lock()
+
+    def start(self) -> TransactionProducer:
+        """Begin accepting sends. Idempotent while running; a shut-down producer cannot restart."""
+        with self._lock:
+            if self._state == _State.SHUT_DOWN:
+                raise ProducerStateError(
+                    f"producer group {self.producer_group!r}: this producer was shut down; create a new one"
+                )
+            self._state = _State.RUNNING
+        return self
+
+    def shutdown(self) -> None:
+        """Stop accepting sends and release the connection pool the producer made itself."""
+        with self._lock:
+            if self._state == _State.SHUT_DOWN:
+                return
+            self._state = _State.SHUT_DOWN
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> TransactionProducer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown()
+
+    def send_message_in_transaction(self, message: Message, arg: Any = None) -> TransactionSendResult:
+        """Prepare the half message, run the local transaction, then commit or roll back.
+
+        Raises :class:`InvalidMessageError` (nothing written) or :class:`PrepareError` (the local transaction
+        did not run). Once the local transaction has run, the result is always returned: a failed end call is
+        logged and reported in ``end_error``, and the check-back resolves the transaction.
+        """
+        if self._state != _State.RUNNING:
+            raise ProducerStateError(
+                f"producer group {self.producer_group!r}: call start() (or use `with`) before sending"
+            )
+        if not isinstance(message, Message):
+            raise TypeError(f"expected a redis_txmq.Message, got {type(message).__name__}")
+        message.validate(self.settings.max_message_size)
+        keys = TopicKeys(message.topic)
+        transaction_id = uuid.uuid4().hex
+        prepared = self.broker.prepare_half(keys, message, transaction_id, self.producer_group)
+        if prepared.state != "PREPARED":
+            raise PrepareError(
+                f"topic {message.topic!r}, transaction {transaction_id}: id already used ({prepared.state})"
+            )
+        message.transaction_id = transaction_id
+        state, remark = self._execute(message, arg)
+        committed_id: str | None = None
+        end_error: str | None = None
+        if state is not LocalTransactionState.UNKNOWN or remark:
+            try:
+                ended = self.broker.end_transaction(
+                    keys,
+                    transaction_id,
+                    self.producer_group,
+                    state,
+                    source=EndSource.PRODUCER,
+                    remark=remark,
+                    half_id=prepared.half_id,
+                )
+                committed_id = ended.committed_id
+            except TxMQError as exc:
+                end_error = str(exc)
+                logger.warning("tx=%s topic=%s end %s failed: %s", transaction_id, message.topic, state.value, exc)
+        logger.debug("tx=%s topic=%s half=%s state=%s", transaction_id, message.topic, prepared.half_id, state.value)
+        return TransactionSendResult(
+            transaction_id=transaction_id,
+            topic=message.topic,
+            half_id=prepared.half_id,
+            local_transaction_state=state,
+            send_status=SendStatus.SEND_OK,
+            committed_id=committed_id,
+            remark=remark,
+            end_error=end_error,
+        )
+
+    def _execute(self, message: Message, arg: Any) -> tuple[LocalTransactionState, str | None]:
+        """Run the listener; anything but COMMIT or ROLLBACK is UNKNOWN, with a remark saying why."""
+        try:
+            answer = self.listener.execute_local_transaction(message, arg)
+        except Exception as exc:  # noqa: BLE001 - the contract: an exception is UNKNOWN, logged, kept
+            logger.exception("tx=%s topic=%s local transaction raised; state UNKNOWN", message.transaction_id,
+                             message.topic)
+            return LocalTransactionState.UNKNOWN, f"local transaction raised {type(exc).__name__}: {exc}"[:1024]
+        if answer is None:
+            return LocalTransactionState.UNKNOWN, None
+        try:
+            return LocalTransactionState(answer), None
+        except ValueError:
+            logger.error("tx=%s topic=%s listener returned %r; state UNKNOWN", message.transaction_id,
+                         message.topic, answer)
+            return LocalTransactionState.UNKNOWN, f"listener returned {answer!r}"[:1024]

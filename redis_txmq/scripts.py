@@ -1,0 +1,48 @@
+"""Finds the Lua scripts and registers them on a client.
+
+The scripts live in the top-level ``lua/`` folder of the source tree; the wheel ships them as
+``redis_txmq/lua``. Registration goes through redis-py's ``Script`` objects: EVALSHA by digest, with
+the automatic SCRIPT LOAD fallback when the server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import TxMQError
+
+TOPIC_PRELUDE = "topic_keys"
+CONSUMER_PRELUDE = "consumer_keys"
+
+
+def _script_dirs() -> list[Path]:
+    packaged = Path(str(resources.files("redis_txmq"))) / "lua"
+    source_tree = Path(__file__).resolve().parent.parent / "lua"
+    return [packaged, source_tree]
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """The text of ``lua/<name>.lua``, from the installed package or the source tree."""
+    for directory in _script_dirs():
+        path = directory / f"{name}.lua"
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    searched = ", ".join(str(d) for d in _script_dirs())
+    raise TxMQError(f"Lua script {name}.lua not found (searched {searched}); reinstall redis-txmq")
+
+
+def register_script(client: Any, name: str, prelude: str | None = None) -> Any:
+    """A redis-py ``Script`` for ``lua/<name>.lua`` bound to ``client``, with its key-binding prelude in front."""
+    source = script_source(name)
+    if prelude is not None:
+        source = script_source(prelude) + "\n" + source
+    return client.register_script(source)
+
+
+def register_topic_script(client: Any, name: str) -> Any:
+    """A transaction script: KEYS are :meth:`redis_txmq.keys.TopicKeys.script_keys`."""
+    return register_script(client, name, TOPIC_PRELUDE)

@@ -1,0 +1,1 @@
+"""PySpark Python Data Source ``redis-txmq`` that reads committed topic streams."""
