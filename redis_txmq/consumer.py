@@ -151,7 +151,7 @@ class Consumer:
             if fields is None:
                 continue
             if isinstance(fields, list):
-                fields = dict(zip(fields[::2], fields[1::2]))
+                fields = dict(zip(fields[::2], fields[1::2], strict=True))
             try:
                 messages.append(decode_topic_entry(self.topic, self.keys.topic_stream, entry_id, fields, count))
             except CorruptEntryError as exc:

@@ -1,0 +1,73 @@
+"""Test fixtures: a real redis-server that the session starts itself, and fakeredis with Lua.
+
+The real server comes from testcontainers' Redis module when a Docker engine answers, else from the local
+``redis-server`` binary on a free port. Tests never use a server they did not start, so flushing it is safe.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+import redis
+
+from redis_txmq.embedded import EmbeddedRedis
+
+
+def _docker_answers() -> bool:
+    if os.environ.get("TXMQ_TEST_NO_DOCKER"):
+        return False
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:  # noqa: BLE001 - no engine, no socket, no permission: all mean "no Docker"
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a real Redis server owned by this test session."""
+    if _docker_answers():
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7.0") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0"
+        return
+    server = EmbeddedRedis(prefer_binary=True).start()
+    if server.kind != "redis-server":
+        server.stop()
+        pytest.fail("no Docker engine and no redis-server binary: install redis-server (bash .ci/run does)")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def real_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fake_client() -> Iterator[fakeredis.FakeRedis]:
+    client = fakeredis.FakeRedis()
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["fakeredis", "redis-server"])
+def client(request: pytest.FixtureRequest) -> redis.Redis:
+    """The same behaviour test runs on fakeredis (fast) and on a real redis-server (the truth)."""
+    if request.param == "fakeredis":
+        return request.getfixturevalue("fake_client")
+    return request.getfixturevalue("real_client")

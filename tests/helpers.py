@@ -1,0 +1,38 @@
+"""Listeners and small waits shared by the tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis_txmq import LocalTransactionState, Message, TransactionListener
+
+
+class ScriptedListener(TransactionListener):
+    """Executes by calling ``arg`` (a callable) or returning it; records what it saw."""
+
+    def __init__(self, check_answer: Any = LocalTransactionState.UNKNOWN) -> None:
+        self.executed: list[Message] = []
+        self.checked: list[Message] = []
+        self.check_answer = check_answer
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> Any:
+        self.executed.append(message)
+        return arg(message) if callable(arg) else arg
+
+    def check_local_transaction(self, message: Message) -> Any:
+        self.checked.append(message)
+        return self.check_answer(message) if callable(self.check_answer) else self.check_answer
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``condition`` until it is truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

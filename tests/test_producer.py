@@ -1,0 +1,236 @@
+"""The life of a transaction through the public names: commit, rollback, UNKNOWN, repeated and refused ends."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from redis_txmq import (
+    LocalTransactionState,
+    Message,
+    ProducerGroupMismatchError,
+    SendStatus,
+    Settings,
+    TransactionConflictError,
+    TransactionNotFoundError,
+    TransactionProducer,
+)
+from redis_txmq.broker import EndSource
+from redis_txmq.keys import TOPIC_REGISTRY, TopicKeys
+
+from .helpers import ScriptedListener, wait_until
+
+COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
+KEYS = TopicKeys("orders")
+
+
+@pytest.fixture
+def listener():
+    return ScriptedListener()
+
+
+@pytest.fixture
+def producer(client, listener):
+    with TransactionProducer("order_group", listener, client=client) as producer:
+        yield producer
+
+
+def topic_entries(client, topic="orders"):
+    return client.xrange(topic)
+
+
+def in_flight(client):
+    return {k.decode(): v.decode() for k, v in client.hgetall(KEYS.inflight).items()}
+
+
+def test_commit_is_visible_once_with_its_fields(client, producer, listener):
+    message = Message("orders", b'{"order_id": 1}\x00\xff', keys="order-1", tags="created",
+                      properties={"source": "web"})
+    result = producer.send_message_in_transaction(message, COMMIT)
+
+    assert result.local_transaction_state is COMMIT
+    assert result.send_status is SendStatus.SEND_OK
+    assert result.committed_id and result.half_id and result.end_error is None
+    assert listener.executed[0].transaction_id == result.transaction_id
+    entries = topic_entries(client)
+    assert len(entries) == 1
+    entry_id, fields = entries[0]
+    assert entry_id.decode() == result.committed_id
+    assert fields == {b"transaction_id": result.transaction_id.encode(), b"body": b'{"order_id": 1}\x00\xff',
+                      b"keys": b"order-1", b"tags": b"created", b"properties": b'{"source":"web"}'}
+    assert client.xlen(KEYS.half_stream) == 0, "a committed half message is retired"
+    assert in_flight(client) == {}
+    ops = client.xrange(KEYS.op_stream)
+    assert len(ops) == 1 and ops[0][1][b"outcome"] == b"COMMIT" and ops[0][1][b"source"] == b"producer"
+    assert client.smembers(TOPIC_REGISTRY) == {b"orders"}
+
+
+def test_minimal_message_has_only_id_and_body(client, producer):
+    producer.send_message_in_transaction(Message("orders", b""), COMMIT)
+    (_, fields), = topic_entries(client)
+    assert set(fields) == {b"transaction_id", b"body"} and fields[b"body"] == b""
+
+
+def test_rollback_is_invisible_and_leaves_nothing_in_flight(client, producer):
+    result = producer.send_message_in_transaction(Message("orders", b"cancelled"), ROLLBACK)
+    assert result.local_transaction_state is ROLLBACK and result.committed_id is None
+    assert topic_entries(client) == []
+    assert client.xlen(KEYS.half_stream) == 0 and in_flight(client) == {}
+    assert client.xrange(KEYS.op_stream)[0][1][b"outcome"] == b"ROLLBACK"
+
+
+@pytest.mark.parametrize("answer", [UNKNOWN, None, "not-a-state"], ids=["unknown", "none", "garbage"])
+def test_unknown_leaves_the_half_message_in_flight(client, producer, answer):
+    result = producer.send_message_in_transaction(Message("orders", b"pending", keys="k"), answer)
+    assert result.local_transaction_state is UNKNOWN and result.committed_id is None
+    assert topic_entries(client) == []
+    assert in_flight(client) == {result.transaction_id: result.half_id}
+    (half_id, half), = client.xrange(KEYS.half_stream)
+    assert half_id.decode() == result.half_id
+    assert half[b"transaction_id"] == result.transaction_id.encode()
+    assert half[b"producer_group"] == b"order_group" and half[b"body"] == b"pending" and half[b"keys"] == b"k"
+    assert client.zscore(KEYS.unchecked, result.transaction_id) is not None, "waits for its first check"
+
+
+def test_listener_exception_is_unknown_with_remark(client, producer, caplog):
+    def boom(message):
+        raise RuntimeError("database is down")
+
+    result = producer.send_message_in_transaction(Message("orders", b"x"), boom)
+    assert result.local_transaction_state is UNKNOWN
+    assert "RuntimeError: database is down" in result.remark
+    assert client.hget(KEYS.remarks, result.transaction_id).decode() == result.remark
+    assert in_flight(client) == {result.transaction_id: result.half_id}
+    assert any(result.transaction_id in r.getMessage() for r in caplog.records), "logged with the transaction id"
+
+
+def test_string_answers_are_accepted(client, producer):
+    result = producer.send_message_in_transaction(Message("orders", b"x"), "COMMIT")
+    assert result.local_transaction_state is COMMIT and len(topic_entries(client)) == 1
+
+
+def test_duplicate_end_with_same_outcome_appends_nothing(client, producer):
+    result = producer.send_message_in_transaction(Message("orders", b"once"), COMMIT)
+    for _ in range(3):
+        again = producer.broker.end_transaction(KEYS, result.transaction_id, "order_group", COMMIT,
+                                                source=EndSource.CHECKER)
+        assert (again.state, again.committed_id, again.applied) == ("COMMIT", result.committed_id, False)
+    assert len(topic_entries(client)) == 1
+    assert client.xlen(KEYS.op_stream) == 1
+
+
+def test_conflicting_end_is_refused(client, producer):
+    committed = producer.send_message_in_transaction(Message("orders", b"c"), COMMIT)
+    rolled_back = producer.send_message_in_transaction(Message("orders", b"r"), ROLLBACK)
+    with pytest.raises(TransactionConflictError, match=f"{committed.transaction_id}.*already ended with COMMIT"):
+        producer.broker.end_transaction(KEYS, committed.transaction_id, "order_group", ROLLBACK,
+                                        source=EndSource.CHECKER)
+    with pytest.raises(TransactionConflictError, match="ROLLBACK"):
+        producer.broker.end_transaction(KEYS, rolled_back.transaction_id, "order_group", COMMIT,
+                                        source=EndSource.CHECKER)
+    assert [f[b"body"] for _, f in topic_entries(client)] == [b"c"]
+
+
+def test_end_from_another_group_is_refused(client, producer):
+    pending = producer.send_message_in_transaction(Message("orders", b"p"), UNKNOWN)
+    with pytest.raises(ProducerGroupMismatchError, match="order_group"):
+        producer.broker.end_transaction(KEYS, pending.transaction_id, "other_group", COMMIT,
+                                        source=EndSource.CHECKER)
+    assert topic_entries(client) == [] and pending.transaction_id in in_flight(client)
+
+
+def test_end_of_unknown_transaction_is_refused(client, producer):
+    with pytest.raises(TransactionNotFoundError, match="'orders', transaction nope"):
+        producer.broker.end_transaction(KEYS, "nope", "order_group", COMMIT, source=EndSource.CHECKER)
+    assert topic_entries(client) == []
+
+
+def test_late_commit_of_unknown_transaction_appends_once(client, producer):
+    pending = producer.send_message_in_transaction(Message("orders", b"late"), UNKNOWN)
+    first = producer.broker.end_transaction(KEYS, pending.transaction_id, "order_group", COMMIT,
+                                            source=EndSource.CHECKER)
+    second = producer.broker.end_transaction(KEYS, pending.transaction_id, "order_group", COMMIT,
+                                             source=EndSource.PRODUCER)
+    assert first.applied and not second.applied and first.committed_id == second.committed_id
+    assert len(topic_entries(client)) == 1 and in_flight(client) == {}
+
+
+def test_retried_prepare_makes_one_half_message(client, producer):
+    """redis-py retries a timed-out command: the same transaction id must not create a second half message."""
+    message = Message("orders", b"retry")
+    first = producer.broker.prepare_half(KEYS, message, "tx-retry", "order_group")
+    second = producer.broker.prepare_half(KEYS, message, "tx-retry", "order_group")
+    assert not first.duplicate and second.duplicate and first.half_id == second.half_id
+    assert client.xlen(KEYS.half_stream) == 1
+    producer.broker.end_transaction(KEYS, "tx-retry", "order_group", COMMIT, source=EndSource.PRODUCER)
+    third = producer.broker.prepare_half(KEYS, message, "tx-retry", "order_group")
+    assert third.duplicate and third.state == "COMMIT" and client.xlen(KEYS.half_stream) == 0
+
+
+def test_scripts_reload_after_script_flush(client, producer):
+    producer.send_message_in_transaction(Message("orders", b"before"), COMMIT)
+    client.script_flush()
+    result = producer.send_message_in_transaction(Message("orders", b"after"), COMMIT)
+    assert result.committed_id
+    assert [f[b"body"] for _, f in topic_entries(client)] == [b"before", b"after"]
+
+
+def test_outcome_forgotten_after_dedupe_window(client, listener):
+    settings = Settings(dedupe_window=0)
+    with TransactionProducer("order_group", listener, client=client, settings=settings) as producer:
+        result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
+        assert client.hlen(KEYS.ended) == 0 and client.zcard(KEYS.ended_at) == 0
+        with pytest.raises(TransactionNotFoundError):
+            producer.broker.end_transaction(KEYS, result.transaction_id, "order_group", COMMIT,
+                                            source=EndSource.CHECKER)
+    assert len(topic_entries(client)) == 1
+
+
+def test_ended_outcomes_expire_as_new_ends_arrive(client, listener):
+    with TransactionProducer("order_group", listener, client=client) as producer:
+        for _ in range(5):
+            producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
+        assert client.hlen(KEYS.ended) == 5
+        client.zadd(KEYS.ended_at, {m: 0 for m in client.zrange(KEYS.ended_at, 0, -1)})  # age them past the window
+        producer.send_message_in_transaction(Message("orders", b"y"), ROLLBACK)
+    assert client.hlen(KEYS.ended) == 1 and client.zcard(KEYS.ended_at) == 1
+
+
+def test_failed_end_returns_result_and_leaves_transaction_in_flight(client, producer, caplog):
+    real_end = producer.broker._end
+
+    def lost_connection(*args, **kwargs):
+        raise redis.ConnectionError("connection reset")
+
+    producer.broker._end = lost_connection
+    result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
+    producer.broker._end = real_end
+    assert result.local_transaction_state is COMMIT and result.committed_id is None
+    assert "check-back will resolve it" in result.end_error
+    assert in_flight(client) == {result.transaction_id: result.half_id}
+    assert any("end COMMIT failed" in r.getMessage() for r in caplog.records)
+
+
+def test_concurrent_sends_from_threads(client, listener):
+    with TransactionProducer("order_group", listener, client=client) as producer:
+        def send(i):
+            return producer.send_message_in_transaction(Message("orders", str(i).encode()),
+                                                        COMMIT if i % 3 else ROLLBACK)
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(send, range(90)))
+    committed = {r.committed_id for r in results if r.committed_id}
+    assert len(committed) == 60
+    bodies = sorted(int(f[b"body"]) for _, f in topic_entries(client))
+    assert bodies == [i for i in range(90) if i % 3]
+    assert in_flight(client) == {} and client.xlen(KEYS.half_stream) == 0
+
+
+def test_producer_closes_the_client_it_made(real_client, redis_url, listener):
+    baseline = len(real_client.client_list())
+    with TransactionProducer("order_group", listener, redis_url=redis_url) as producer:
+        assert producer.send_message_in_transaction(Message("orders", b"x"), COMMIT).committed_id
+        assert len(real_client.client_list()) > baseline
+    wait_until(lambda: len(real_client.client_list()) == baseline)
