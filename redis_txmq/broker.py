@@ -29,7 +29,7 @@ from .errors import (
 )
 from .keys import TOPIC_REGISTRY, TopicKeys
 from .message import LocalTransactionState, Message
-from .scripts import register_topic_script
+from .scripts import preload, register_topic_script
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,13 @@ class RedisBroker:
         self._end = register_topic_script(client, "end_transaction")
         self._registered: set[str] = set()
         self._registry_lock = threading.Lock()
+
+    def load_scripts(self) -> None:
+        """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
+        try:
+            preload(self._prepare, self._end)
+        except redis.RedisError as exc:
+            raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
 
     def register_topic(self, keys: TopicKeys) -> None:
         """Add the topic stream to the registry the checker walks; once per process and stream."""

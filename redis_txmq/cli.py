@@ -15,8 +15,13 @@ console = Console()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--log-level", envvar="TXMQ_LOG_LEVEL", default="WARNING", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option(
+    "--log-level",
+    envvar="TXMQ_LOG_LEVEL",
+    default="WARNING",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
 def main(log_level: str) -> None:
     """redis-txmq: transactional messages on Redis Streams."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -29,8 +34,12 @@ def version() -> None:
 
 
 @main.command()
-@click.option("--redis-url", envvar="TXMQ_REDIS_URL", default=None,
-              help="Redis to use; without it the demo starts its own (redis-server, else fakeredis).")
+@click.option(
+    "--redis-url",
+    envvar="TXMQ_REDIS_URL",
+    default=None,
+    help="Redis to use; without it the demo starts its own (redis-server, else fakeredis).",
+)
 def demo(redis_url: str | None) -> None:
     """Run the order-service story: commits, rollbacks, a consumer reading what was committed."""
     from .demo import run_demo
@@ -49,8 +58,10 @@ def demo(redis_url: str | None) -> None:
         if embedded is not None:
             embedded.stop()
     if outcome.ok:
-        console.print(f"[green]OK[/]: orders {outcome.committed} committed and consumed once each; "
-                      f"orders {outcome.rolled_back} rolled back and never seen.")
+        console.print(
+            f"[green]OK[/]: orders {outcome.committed} committed and consumed once each; "
+            f"orders {outcome.rolled_back} rolled back and never seen."
+        )
         return
     console.print(f"[red]FAILED[/]: committed {outcome.committed}, consumed {outcome.consumed}")
     sys.exit(1)

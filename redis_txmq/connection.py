@@ -31,8 +31,7 @@ def ensure_binary_client(client: Any) -> Any:
         raise ConfigurationError(f"expected a redis.Redis or redis.cluster.RedisCluster client, got {client!r}")
     if kwargs.get("decode_responses"):
         raise ConfigurationError(
-            "the Redis client decodes responses; pass one made with decode_responses=False "
-            "(message bodies are bytes)"
+            "the Redis client decodes responses; pass one made with decode_responses=False (message bodies are bytes)"
         )
     return client
 

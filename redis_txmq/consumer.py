@@ -24,7 +24,7 @@ from .entries import ConsumedMessage, decode_topic_entry, text
 from .errors import ConfigurationError, CorruptEntryError, TxMQConnectionError
 from .keys import TopicKeys
 from .message import validate_name
-from .scripts import CONSUMER_PRELUDE, register_script
+from .scripts import CONSUMER_PRELUDE, preload, register_script
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +62,7 @@ class Consumer:
         if not 1 <= batch_size <= 1000:
             raise ConfigurationError(f"topic {topic!r}: batch_size must be 1..1000, got {batch_size}")
         if block < 0 or min_idle_time <= 0 or max_deliveries < 1:
-            raise ConfigurationError(
-                f"topic {topic!r}: need block >= 0, min_idle_time > 0 and max_deliveries >= 1"
-            )
+            raise ConfigurationError(f"topic {topic!r}: need block >= 0, min_idle_time > 0 and max_deliveries >= 1")
         self.topic = topic
         self.keys = TopicKeys(topic)
         self.consumer_name = consumer_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -83,6 +81,7 @@ class Consumer:
         self._next_claim = 0.0
         self._stop = threading.Event()
         self._create_group(start_id)
+        preload(self._claim, self._dead_letter)
 
     @property
     def dead_stream(self) -> str:
@@ -117,8 +116,9 @@ class Consumer:
             )
         except redis.RedisError as exc:
             raise TxMQConnectionError(f"topic {self.topic!r}, group {self.group!r}: read failed: {exc}") from exc
-        return self._decode_all([(entry_id, fields, 1) for _, batch in _stream_batches(reply) for entry_id, fields
-                                 in batch])
+        return self._decode_all(
+            [(entry_id, fields, 1) for _, batch in _stream_batches(reply) for entry_id, fields in batch]
+        )
 
     def _claim_abandoned(self) -> list[ConsumedMessage]:
         """XAUTOCLAIM through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once a scan ends."""
@@ -141,8 +141,9 @@ class Consumer:
             self._next_claim = now + self.min_idle_time / 2
         claimed = [(entry_id, fields, int(count)) for entry_id, count, fields in reply[1:]]
         for entry_id, _, count in claimed:
-            logger.info("topic=%s group=%s re-delivering %s (delivery %d)", self.topic, self.group,
-                        text(entry_id), count)
+            logger.info(
+                "topic=%s group=%s re-delivering %s (delivery %d)", self.topic, self.group, text(entry_id), count
+            )
         return self._decode_all(claimed)
 
     def _decode_all(self, raw: list[tuple[Any, Any, int]]) -> list[ConsumedMessage]:
@@ -191,8 +192,14 @@ class Consumer:
             try:
                 handler(message)
             except Exception:  # noqa: BLE001 - a failing handler must not kill the consumer
-                logger.exception("topic=%s group=%s tx=%s handler failed on %s (delivery %d); will re-deliver",
-                                 self.topic, self.group, message.transaction_id, message.id, message.delivery_count)
+                logger.exception(
+                    "topic=%s group=%s tx=%s handler failed on %s (delivery %d); will re-deliver",
+                    self.topic,
+                    self.group,
+                    message.transaction_id,
+                    message.id,
+                    message.delivery_count,
+                )
                 continue
             self.ack(message)
             handled += 1
@@ -223,6 +230,7 @@ def _stream_batches(reply: Any) -> list[tuple[Any, list[Any]]]:
     if not reply:
         return []
     if isinstance(reply, dict):
-        return [(stream, batch[0] if batch and isinstance(batch[0], list) else batch) for stream, batch in
-                reply.items()]
+        return [
+            (stream, batch[0] if batch and isinstance(batch[0], list) else batch) for stream, batch in reply.items()
+        ]
     return [(stream, batch) for stream, batch in reply]

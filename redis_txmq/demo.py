@@ -37,8 +37,10 @@ class OrderListener(TransactionListener):
         with self.lock:
             try:
                 with self.db:
-                    self.db.execute("INSERT INTO orders VALUES (?, ?, ?)",
-                                    (order["order_id"], order["amount"], message.transaction_id))
+                    self.db.execute(
+                        "INSERT INTO orders VALUES (?, ?, ?)",
+                        (order["order_id"], order["amount"], message.transaction_id),
+                    )
                     if order["amount"] <= 0:
                         raise ValueError(f"order {order['order_id']}: amount must be positive")
             except ValueError:
@@ -62,12 +64,12 @@ class DemoOutcome:
         return sorted(self.committed) == sorted(self.consumed) and not set(self.rolled_back) & set(self.consumed)
 
 
-ORDERS = [
-    {"order_id": 1, "amount": 25.0, "customer": "ada"},
-    {"order_id": 2, "amount": -5.0, "customer": "bob"},
-    {"order_id": 3, "amount": 99.9, "customer": "cy"},
-    {"order_id": 4, "amount": 0.0, "customer": "dee"},
-    {"order_id": 5, "amount": 12.5, "customer": "eve"},
+ORDERS: list[tuple[int, float, str]] = [
+    (1, 25.0, "ada"),
+    (2, -5.0, "bob"),
+    (3, 99.9, "cy"),
+    (4, 0.0, "dee"),
+    (5, 12.5, "eve"),
 ]
 
 
@@ -80,15 +82,15 @@ def run_demo(redis_url: str, console: Console) -> DemoOutcome:
     for column in ("order", "amount", "local transaction", "transaction id", "topic entry"):
         sends.add_column(column)
     with TransactionProducer(PRODUCER_GROUP, OrderListener(), redis_url=redis_url) as producer:
-        for order in ORDERS:
-            message = Message(TOPIC, json.dumps(order).encode(), keys=f"order-{order['order_id']}",
-                              tags="created", properties={"source": "demo"})
+        for order_id, amount, customer in ORDERS:
+            body = json.dumps({"order_id": order_id, "amount": amount, "customer": customer}).encode()
+            message = Message(TOPIC, body, keys=f"order-{order_id}", tags="created", properties={"source": "demo"})
             result = producer.send_message_in_transaction(message)
             state = result.local_transaction_state
-            (outcome.committed if state is LocalTransactionState.COMMIT else outcome.rolled_back).append(
-                order["order_id"])
-            sends.add_row(str(order["order_id"]), f"{order['amount']:.2f}", state.value, result.transaction_id,
-                          result.committed_id or "-")
+            (outcome.committed if state is LocalTransactionState.COMMIT else outcome.rolled_back).append(order_id)
+            sends.add_row(
+                str(order_id), f"{amount:.2f}", state.value, result.transaction_id, result.committed_id or "-"
+            )
     console.print(sends)
 
     received = Table(title=f"consumer group '{group}' reads '{TOPIC}'")

@@ -67,8 +67,22 @@ class EmbeddedRedis:
         for _ in range(5):
             self.port = free_port()
             self._process = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", self._workdir.name, "--loglevel", "warning", *self.extra_args],
+                [
+                    binary,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    self._workdir.name,
+                    "--loglevel",
+                    "warning",
+                    *self.extra_args,
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

@@ -30,6 +30,7 @@ order; ``lua/topic_keys.lua`` binds them to names.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from .message import validate_name
 
@@ -53,7 +54,7 @@ class TopicKeys:
     partition: int = 0
     partitions: int = 1
 
-    @property
+    @cached_property
     def topic_stream(self) -> str:
         return topic_stream_key(self.topic, self.partition, self.partitions)
 
@@ -111,6 +112,10 @@ class TopicKeys:
 
     def script_keys(self) -> list[str]:
         """KEYS of every transaction script, in the order ``lua/topic_keys.lua`` binds them."""
+        return self._script_keys
+
+    @cached_property
+    def _script_keys(self) -> list[str]:
         return [
             self.half_stream,
             self.op_stream,

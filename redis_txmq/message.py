@@ -25,9 +25,7 @@ TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,126}$")
 
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 
-DELAY_PROPERTIES = frozenset(
-    {"DELAY", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_DELIVER_MS", "__STARTDELIVERTIME"}
-)
+DELAY_PROPERTIES = frozenset({"DELAY", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_DELIVER_MS", "__STARTDELIVERTIME"})
 """RocketMQ's delay properties: refused on a transactional message instead of silently dropped."""
 
 RESERVED_PROPERTIES = frozenset(

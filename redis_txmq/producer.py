@@ -75,16 +75,20 @@ class TransactionProducer:
             client = connect(self.settings.redis_url, cluster=self.settings.cluster)
         self.client = ensure_binary_client(client)
         self.broker = RedisBroker(self.client, self.settings)
+        self._topic_keys: dict[str, TopicKeys] = {}
         self._state = _State.CREATED
         self._lock = threading.Lock()
 
     def start(self) -> TransactionProducer:
-        """Begin accepting sends. Idempotent while running; a shut-down producer cannot restart."""
+        """Load the scripts and begin accepting sends. Idempotent while running; a shut-down producer cannot
+        restart. Raises :class:`TxMQConnectionError` when Redis cannot be reached."""
         with self._lock:
             if self._state == _State.SHUT_DOWN:
                 raise ProducerStateError(
                     f"producer group {self.producer_group!r}: this producer was shut down; create a new one"
                 )
+            if self._state == _State.CREATED:
+                self.broker.load_scripts()
             self._state = _State.RUNNING
         return self
 
@@ -119,7 +123,9 @@ class TransactionProducer:
         if not isinstance(message, Message):
             raise TypeError(f"expected a redis_txmq.Message, got {type(message).__name__}")
         message.validate(self.settings.max_message_size)
-        keys = TopicKeys(message.topic)
+        keys = self._topic_keys.get(message.topic) or self._topic_keys.setdefault(
+            message.topic, TopicKeys(message.topic)
+        )
         transaction_id = uuid.uuid4().hex
         prepared = self.broker.prepare_half(keys, message, transaction_id, self.producer_group)
         if prepared.state != "PREPARED":
@@ -162,14 +168,16 @@ class TransactionProducer:
         try:
             answer = self.listener.execute_local_transaction(message, arg)
         except Exception as exc:  # noqa: BLE001 - the contract: an exception is UNKNOWN, logged, kept
-            logger.exception("tx=%s topic=%s local transaction raised; state UNKNOWN", message.transaction_id,
-                             message.topic)
+            logger.exception(
+                "tx=%s topic=%s local transaction raised; state UNKNOWN", message.transaction_id, message.topic
+            )
             return LocalTransactionState.UNKNOWN, f"local transaction raised {type(exc).__name__}: {exc}"[:1024]
         if answer is None:
             return LocalTransactionState.UNKNOWN, None
         try:
             return LocalTransactionState(answer), None
         except ValueError:
-            logger.error("tx=%s topic=%s listener returned %r; state UNKNOWN", message.transaction_id,
-                         message.topic, answer)
+            logger.error(
+                "tx=%s topic=%s listener returned %r; state UNKNOWN", message.transaction_id, message.topic, answer
+            )
             return LocalTransactionState.UNKNOWN, f"listener returned {answer!r}"[:1024]

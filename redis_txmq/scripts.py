@@ -46,3 +46,11 @@ def register_script(client: Any, name: str, prelude: str | None = None) -> Any:
 def register_topic_script(client: Any, name: str) -> Any:
     """A transaction script: KEYS are :meth:`redis_txmq.keys.TopicKeys.script_keys`."""
     return register_script(client, name, TOPIC_PRELUDE)
+
+
+def preload(*scripts: Any) -> None:
+    """SCRIPT LOAD now, so the first call finds its script (and a bad connection shows at start-up).
+
+    Calls still recover from NOSCRIPT after a server restart or SCRIPT FLUSH."""
+    for script in scripts:
+        script.sha = script.registered_client.script_load(script.script)

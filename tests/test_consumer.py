@@ -16,9 +16,12 @@ COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 
 def send(client, outcomes, topic="orders"):
     with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
-        return [producer.send_message_in_transaction(Message(topic, f"m{i}".encode(), keys=f"k{i}",
-                                                             properties={"i": str(i)}), outcome)
-                for i, outcome in enumerate(outcomes)]
+        return [
+            producer.send_message_in_transaction(
+                Message(topic, f"m{i}".encode(), keys=f"k{i}", properties={"i": str(i)}), outcome
+            )
+            for i, outcome in enumerate(outcomes)
+        ]
 
 
 def consumer(client, name="c1", **kwargs):
@@ -72,7 +75,7 @@ def test_delivery_limit_moves_entry_to_dead_letters(client):
     deliveries = [m.delivery_count for m in first if m.body == b"m0"]
     wait_until(lambda: deliveries.extend(m.delivery_count for m in c.poll()) or len(c.dead_letters()) == 1)
     assert deliveries == [1, 2], "delivered at most max_deliveries times"
-    (dead_id, dead), = c.dead_letters()
+    ((dead_id, dead),) = c.dead_letters()
     assert dead["body"] == b"m0" and dead["dead_reason"] == b"delivery limit 2 reached"
     assert dead["dead_delivery_count"] == b"3" and dead["dead_group"] == b"billing"
     assert client.xpending("orders", "billing")["pending"] == 0
@@ -106,7 +109,7 @@ def test_malformed_entry_is_dead_lettered_and_consumer_goes_on(client, caplog):
     send(client, [COMMIT])
     c = consumer(client)
     assert [m.body for m in drain(c)] == [b"m0"]
-    (_, dead), = c.dead_letters()
+    ((_, dead),) = c.dead_letters()
     assert dead["hello"] == b"world" and dead["dead_reason"].startswith(b"malformed entry")
     assert any("malformed" in r.getMessage() for r in caplog.records)
 

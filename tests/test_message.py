@@ -35,18 +35,29 @@ BAD_MESSAGES = [
     pytest.param(Message("orders", b"x" * 1025), MessageTooLargeError, id="body-too-large"),
     pytest.param(Message("orders", b"x", delay_seconds=5), DelayNotSupportedError, id="delay-seconds"),
     pytest.param(Message("orders", b"x", properties={"DELAY": "3"}), DelayNotSupportedError, id="delay-level"),
-    pytest.param(Message("orders", b"x", properties={"TIMER_DELAY_SEC": "3"}), DelayNotSupportedError,
-                 id="timer-delay"),
+    pytest.param(
+        Message("orders", b"x", properties={"TIMER_DELAY_SEC": "3"}), DelayNotSupportedError, id="timer-delay"
+    ),
     pytest.param(Message("orders", b"x", properties={"KEYS": "k"}), ReservedPropertyError, id="reserved-keys"),
-    pytest.param(Message("orders", b"x", properties={"txmq.anything": "v"}), ReservedPropertyError,
-                 id="reserved-prefix"),
-    pytest.param(Message("orders", b"x", properties={"n": 1}), InvalidPropertyError,  # type: ignore[dict-item]
-                 id="property-int-value"),
+    pytest.param(
+        Message("orders", b"x", properties={"txmq.anything": "v"}), ReservedPropertyError, id="reserved-prefix"
+    ),
+    pytest.param(
+        Message("orders", b"x", properties={"n": 1}),
+        InvalidPropertyError,  # type: ignore[dict-item]
+        id="property-int-value",
+    ),
     pytest.param(Message("orders", b"x", properties={"": "v"}), InvalidPropertyError, id="property-empty-name"),
-    pytest.param(Message("orders", b"x", properties={1: "v"}), InvalidPropertyError,  # type: ignore[dict-item]
-                 id="property-int-name"),
-    pytest.param(Message("orders", b"x", properties=["a"]), InvalidPropertyError,  # type: ignore[arg-type]
-                 id="properties-not-dict"),
+    pytest.param(
+        Message("orders", b"x", properties={1: "v"}),
+        InvalidPropertyError,  # type: ignore[dict-item]
+        id="property-int-name",
+    ),
+    pytest.param(
+        Message("orders", b"x", properties=["a"]),
+        InvalidPropertyError,  # type: ignore[arg-type]
+        id="properties-not-dict",
+    ),
     pytest.param(Message("orders", b"x", keys=""), InvalidMessageError, id="keys-empty"),
     pytest.param(Message("orders", b"x", keys=["a b"]), InvalidMessageError, id="key-with-space"),
     pytest.param(Message("orders", b"x", keys=[1]), InvalidMessageError, id="key-int"),  # type: ignore[list-item]
@@ -76,8 +87,9 @@ def test_error_names_the_topic():
 
 
 def test_valid_message_passes():
-    Message("orders.eu-1:v2", b"", keys=["a", "b"], tags="t", properties={"source": "web"},
-            check_immunity_seconds=0.5).validate()
+    Message(
+        "orders.eu-1:v2", b"", keys=["a", "b"], tags="t", properties={"source": "web"}, check_immunity_seconds=0.5
+    ).validate()
     assert Message("t", b"", keys="a b").keys_list == ["a", "b"]
 
 
@@ -118,10 +130,15 @@ def test_send_before_start_refused(fake_client):
 
 
 def test_settings_from_env():
-    settings = Settings.from_env({"TXMQ_REDIS_URL": "redis://h:1/2", "TXMQ_MAX_MESSAGE_SIZE": "10",
-                                  "TXMQ_CLUSTER": "true"}, dedupe_window=5)
+    settings = Settings.from_env(
+        {"TXMQ_REDIS_URL": "redis://h:1/2", "TXMQ_MAX_MESSAGE_SIZE": "10", "TXMQ_CLUSTER": "true"}, dedupe_window=5
+    )
     assert (settings.redis_url, settings.max_message_size, settings.cluster, settings.dedupe_window) == (
-        "redis://h:1/2", 10, True, 5)
+        "redis://h:1/2",
+        10,
+        True,
+        5,
+    )
     with pytest.raises(ConfigurationError, match="TXMQ_MAX_MESSAGE_SIZE"):
         Settings.from_env({"TXMQ_MAX_MESSAGE_SIZE": "big"})
     with pytest.raises(ConfigurationError):

@@ -46,8 +46,9 @@ def in_flight(client):
 
 
 def test_commit_is_visible_once_with_its_fields(client, producer, listener):
-    message = Message("orders", b'{"order_id": 1}\x00\xff', keys="order-1", tags="created",
-                      properties={"source": "web"})
+    message = Message(
+        "orders", b'{"order_id": 1}\x00\xff', keys="order-1", tags="created", properties={"source": "web"}
+    )
     result = producer.send_message_in_transaction(message, COMMIT)
 
     assert result.local_transaction_state is COMMIT
@@ -58,8 +59,13 @@ def test_commit_is_visible_once_with_its_fields(client, producer, listener):
     assert len(entries) == 1
     entry_id, fields = entries[0]
     assert entry_id.decode() == result.committed_id
-    assert fields == {b"transaction_id": result.transaction_id.encode(), b"body": b'{"order_id": 1}\x00\xff',
-                      b"keys": b"order-1", b"tags": b"created", b"properties": b'{"source":"web"}'}
+    assert fields == {
+        b"transaction_id": result.transaction_id.encode(),
+        b"body": b'{"order_id": 1}\x00\xff',
+        b"keys": b"order-1",
+        b"tags": b"created",
+        b"properties": b'{"source":"web"}',
+    }
     assert client.xlen(KEYS.half_stream) == 0, "a committed half message is retired"
     assert in_flight(client) == {}
     ops = client.xrange(KEYS.op_stream)
@@ -69,7 +75,7 @@ def test_commit_is_visible_once_with_its_fields(client, producer, listener):
 
 def test_minimal_message_has_only_id_and_body(client, producer):
     producer.send_message_in_transaction(Message("orders", b""), COMMIT)
-    (_, fields), = topic_entries(client)
+    ((_, fields),) = topic_entries(client)
     assert set(fields) == {b"transaction_id", b"body"} and fields[b"body"] == b""
 
 
@@ -87,7 +93,7 @@ def test_unknown_leaves_the_half_message_in_flight(client, producer, answer):
     assert result.local_transaction_state is UNKNOWN and result.committed_id is None
     assert topic_entries(client) == []
     assert in_flight(client) == {result.transaction_id: result.half_id}
-    (half_id, half), = client.xrange(KEYS.half_stream)
+    ((half_id, half),) = client.xrange(KEYS.half_stream)
     assert half_id.decode() == result.half_id
     assert half[b"transaction_id"] == result.transaction_id.encode()
     assert half[b"producer_group"] == b"order_group" and half[b"body"] == b"pending" and half[b"keys"] == b"k"
@@ -114,8 +120,9 @@ def test_string_answers_are_accepted(client, producer):
 def test_duplicate_end_with_same_outcome_appends_nothing(client, producer):
     result = producer.send_message_in_transaction(Message("orders", b"once"), COMMIT)
     for _ in range(3):
-        again = producer.broker.end_transaction(KEYS, result.transaction_id, "order_group", COMMIT,
-                                                source=EndSource.CHECKER)
+        again = producer.broker.end_transaction(
+            KEYS, result.transaction_id, "order_group", COMMIT, source=EndSource.CHECKER
+        )
         assert (again.state, again.committed_id, again.applied) == ("COMMIT", result.committed_id, False)
     assert len(topic_entries(client)) == 1
     assert client.xlen(KEYS.op_stream) == 1
@@ -125,19 +132,20 @@ def test_conflicting_end_is_refused(client, producer):
     committed = producer.send_message_in_transaction(Message("orders", b"c"), COMMIT)
     rolled_back = producer.send_message_in_transaction(Message("orders", b"r"), ROLLBACK)
     with pytest.raises(TransactionConflictError, match=f"{committed.transaction_id}.*already ended with COMMIT"):
-        producer.broker.end_transaction(KEYS, committed.transaction_id, "order_group", ROLLBACK,
-                                        source=EndSource.CHECKER)
+        producer.broker.end_transaction(
+            KEYS, committed.transaction_id, "order_group", ROLLBACK, source=EndSource.CHECKER
+        )
     with pytest.raises(TransactionConflictError, match="ROLLBACK"):
-        producer.broker.end_transaction(KEYS, rolled_back.transaction_id, "order_group", COMMIT,
-                                        source=EndSource.CHECKER)
+        producer.broker.end_transaction(
+            KEYS, rolled_back.transaction_id, "order_group", COMMIT, source=EndSource.CHECKER
+        )
     assert [f[b"body"] for _, f in topic_entries(client)] == [b"c"]
 
 
 def test_end_from_another_group_is_refused(client, producer):
     pending = producer.send_message_in_transaction(Message("orders", b"p"), UNKNOWN)
     with pytest.raises(ProducerGroupMismatchError, match="order_group"):
-        producer.broker.end_transaction(KEYS, pending.transaction_id, "other_group", COMMIT,
-                                        source=EndSource.CHECKER)
+        producer.broker.end_transaction(KEYS, pending.transaction_id, "other_group", COMMIT, source=EndSource.CHECKER)
     assert topic_entries(client) == [] and pending.transaction_id in in_flight(client)
 
 
@@ -149,10 +157,12 @@ def test_end_of_unknown_transaction_is_refused(client, producer):
 
 def test_late_commit_of_unknown_transaction_appends_once(client, producer):
     pending = producer.send_message_in_transaction(Message("orders", b"late"), UNKNOWN)
-    first = producer.broker.end_transaction(KEYS, pending.transaction_id, "order_group", COMMIT,
-                                            source=EndSource.CHECKER)
-    second = producer.broker.end_transaction(KEYS, pending.transaction_id, "order_group", COMMIT,
-                                             source=EndSource.PRODUCER)
+    first = producer.broker.end_transaction(
+        KEYS, pending.transaction_id, "order_group", COMMIT, source=EndSource.CHECKER
+    )
+    second = producer.broker.end_transaction(
+        KEYS, pending.transaction_id, "order_group", COMMIT, source=EndSource.PRODUCER
+    )
     assert first.applied and not second.applied and first.committed_id == second.committed_id
     assert len(topic_entries(client)) == 1 and in_flight(client) == {}
 
@@ -183,8 +193,9 @@ def test_outcome_forgotten_after_dedupe_window(client, listener):
         result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
         assert client.hlen(KEYS.ended) == 0 and client.zcard(KEYS.ended_at) == 0
         with pytest.raises(TransactionNotFoundError):
-            producer.broker.end_transaction(KEYS, result.transaction_id, "order_group", COMMIT,
-                                            source=EndSource.CHECKER)
+            producer.broker.end_transaction(
+                KEYS, result.transaction_id, "order_group", COMMIT, source=EndSource.CHECKER
+            )
     assert len(topic_entries(client)) == 1
 
 
@@ -215,9 +226,11 @@ def test_failed_end_returns_result_and_leaves_transaction_in_flight(client, prod
 
 def test_concurrent_sends_from_threads(client, listener):
     with TransactionProducer("order_group", listener, client=client) as producer:
+
         def send(i):
-            return producer.send_message_in_transaction(Message("orders", str(i).encode()),
-                                                        COMMIT if i % 3 else ROLLBACK)
+            return producer.send_message_in_transaction(
+                Message("orders", str(i).encode()), COMMIT if i % 3 else ROLLBACK
+            )
 
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(send, range(90)))

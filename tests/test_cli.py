@@ -1,0 +1,51 @@
+"""The command line: version, and the demo on its embedded default and on a given Redis."""
+
+from __future__ import annotations
+
+import redis
+from click.testing import CliRunner
+
+from redis_txmq import Consumer, __version__
+from redis_txmq.cli import main
+from redis_txmq.embedded import EmbeddedRedis
+
+
+def test_version():
+    result = CliRunner().invoke(main, ["version"])
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_demo_on_embedded_default():
+    result = CliRunner().invoke(main, ["demo"], env={"TXMQ_REDIS_URL": None})
+    assert result.exit_code == 0, result.output
+    assert "Embedded Redis (redis-server)" in result.output
+    assert "orders [1, 3, 5] committed and consumed once each" in result.output
+
+
+def test_demo_on_given_redis_leaves_committed_orders(real_client, redis_url):
+    result = CliRunner().invoke(main, ["demo", "--redis-url", redis_url])
+    assert result.exit_code == 0, result.output
+    bodies = [fields[b"body"] for _, fields in real_client.xrange("orders")]
+    assert [b'"order_id": 1' in b for b in bodies] == [True, False, False] and len(bodies) == 3
+    assert real_client.xinfo_groups("orders") == [], "the demo removes the consumer group it made"
+
+
+def test_fakeredis_fallback_runs_the_scripts():
+    """Without a redis-server binary the demo runs on fakeredis' TCP server."""
+    with EmbeddedRedis(prefer_binary=False) as server:
+        assert server.kind == "fakeredis"
+        from rich.console import Console
+
+        from redis_txmq.demo import run_demo
+
+        outcome = run_demo(server.url, Console(quiet=True))
+        assert outcome.ok and outcome.committed == [1, 3, 5]
+        client = redis.Redis.from_url(server.url)
+        assert client.xlen("orders") == 3
+        client.close()
+
+
+def test_consumer_from_url_reads_demo_data(real_client, redis_url):
+    CliRunner().invoke(main, ["demo", "--redis-url", redis_url])
+    with Consumer("orders", "analytics", redis_url=redis_url, block=0.05) as consumer:
+        assert len(consumer.poll()) == 3
