@@ -87,4 +87,24 @@ local function committed_fields(half)
   return fields
 end
 
+-- Move a transaction, whole, to the dead-letter stream with why; nothing is dropped without a record.
+-- `fields` is the half message's flat field list (as stored), kept unchanged in front of the dead_* fields.
+local function bury(txid, half_id, fields, reason, check_times, now)
+  local record = {}
+  for i = 1, #fields do
+    record[i] = fields[i]
+  end
+  local extra = {'dead_reason', reason, 'check_times', tostring(check_times), 'half_id', half_id,
+                 'remark', redis.call('HGET', remarks, txid) or '', 'dead_at_ms', string.format('%d', now)}
+  for i = 1, #extra do
+    record[#record + 1] = extra[i]
+  end
+  local dead_id = redis.call('XADD', dead_stream, '*', unpack(record))
+  if txid ~= '' then
+    redis.call('HSET', dead_index, txid, dead_id)
+  end
+  retire(txid, half_id)
+  return dead_id
+end
+
 -- ===== end of prelude =====

@@ -22,8 +22,9 @@ from .errors import (
     TxMQConnectionError,
     TxMQError,
 )
+from .listener import TransactionListener
 from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult
-from .producer import TransactionListener, TransactionProducer
+from .producer import TransactionProducer
 
 __version__ = "0.1.0"
 

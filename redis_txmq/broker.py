@@ -59,18 +59,36 @@ class EndResult:
     applied: bool
 
 
-_ERRORS: dict[str, type[TxMQError]] = {
-    "NOT_FOUND": TransactionNotFoundError,
-    "CONFLICT": TransactionConflictError,
-    "GROUP_MISMATCH": ProducerGroupMismatchError,
-    "DEAD": TransactionDeadLetteredError,
-}
+@dataclass(frozen=True)
+class DueCheck:
+    """A transaction the checker claimed for a check-back; ``fields`` are its half message's fields."""
 
-_ADVICE = {
-    "NOT_FOUND": "check the topic and transaction id",
-    "CONFLICT": "an end decides once; the first outcome stands",
-    "GROUP_MISMATCH": "end it from a producer of the group that sent it",
-    "DEAD": "resolve it with `txmq dead commit|rollback|recheck`",
+    transaction_id: str
+    half_id: str
+    check_times: int
+    fields: dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    to_check: list[DueCheck]
+    dead_lettered: list[tuple[str, str]]
+
+
+class DeadAction(str, enum.Enum):
+    """An operator's decision on a dead-lettered transaction."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    RECHECK = "RECHECK"
+
+
+_ERRORS: dict[str, tuple[type[TransactionError], str]] = {
+    "NOT_FOUND": (TransactionNotFoundError, "check the topic and transaction id"),
+    "CONFLICT": (TransactionConflictError, "an end decides once; the first outcome stands"),
+    "GROUP_MISMATCH": (ProducerGroupMismatchError, "end it from a producer of the group that sent it"),
+    "DEAD": (TransactionDeadLetteredError, "resolve it with `txmq dead commit|rollback|recheck`"),
+    "NOT_DEAD": (TransactionError, "wait for the check-back, or end it from a producer of its group"),
 }
 
 
@@ -82,13 +100,16 @@ class RedisBroker:
         self.settings = settings or Settings()
         self._prepare = register_topic_script(client, "prepare_half")
         self._end = register_topic_script(client, "end_transaction")
+        self._claim_checks = register_topic_script(client, "claim_checks")
+        self._sweep_half = register_topic_script(client, "sweep_half")
+        self._dead_resolve = register_topic_script(client, "dead_resolve")
         self._registered: set[str] = set()
         self._registry_lock = threading.Lock()
 
     def load_scripts(self) -> None:
         """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
         try:
-            preload(self._prepare, self._end)
+            preload(self._prepare, self._end, self._claim_checks, self._sweep_half, self._dead_resolve)
         except redis.RedisError as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
 
@@ -149,15 +170,71 @@ class RedisBroker:
             reply = self._end(keys=keys.script_keys(), args=args)
         except redis.RedisError as exc:
             raise TxMQConnectionError(f"{where}: end call failed ({exc}); the check-back will resolve it") from exc
-        status, first, second, third, fourth = _reply(reply, 5)
-        if status == "OK":
-            return EndResult(state=first, half_id=second, committed_id=third or None, applied=fourth == "APPLIED")
-        if first == "CORRUPT":
-            raise CorruptEntryError(f"{where}: {second}")
-        error = _ERRORS.get(first)
-        if error is None or not issubclass(error, TransactionError):
-            raise TxMQError(f"{where}: end refused: {first} {second}")
-        raise error(f"{where}: {second}; {_ADVICE[first]}", topic=keys.topic, transaction_id=transaction_id)
+        return _end_result(reply, keys, transaction_id)
+
+    def resolve_dead(self, keys: TopicKeys, transaction_id: str, action: DeadAction, remark: str = "") -> EndResult:
+        """Commit, roll back or re-check a dead-lettered transaction (``lua/dead_resolve.lua``)."""
+        args = [
+            transaction_id,
+            DeadAction(action).value,
+            int(self.settings.dedupe_window * 1000),
+            self.settings.op_stream_maxlen,
+            remark,
+        ]
+        reply = self._call(self._dead_resolve, keys, args, f"dead-letter {action.value}", transaction_id)
+        return _end_result(reply, keys, transaction_id)
+
+    def claim_checks(self, keys: TopicKeys, limit: int) -> ClaimResult:
+        """Claim up to ``limit`` transactions due for a check-back (``lua/claim_checks.lua``)."""
+        s = self.settings
+        args = [
+            int(s.transaction_timeout * 1000),
+            int(s.check_interval * 1000),
+            s.check_max,
+            int(s.max_age * 1000),
+            limit,
+        ]
+        reply = self._call(self._claim_checks, keys, args, "claim checks")
+        if entries.text(reply[0]) != "OK":
+            raise TxMQError(f"topic {keys.topic!r}: claim_checks refused: {_reply(reply, 3)[1:]}")
+        to_check = [
+            DueCheck(
+                transaction_id=entries.text(txid) or "",
+                half_id=entries.text(half_id) or "",
+                check_times=int(check_times),
+                fields=entries.field_map(flat),
+            )
+            for txid, half_id, check_times, flat in reply[1]
+        ]
+        dead = [(entries.text(txid) or "", entries.text(reason) or "") for txid, reason in reply[2]]
+        return ClaimResult(to_check, dead)
+
+    def sweep_half(self, keys: TopicKeys, cursor: str, count: int) -> tuple[str, list[tuple[str, str]]]:
+        """Dead-letter half entries that no transaction owns; returns the next cursor ('0-0' at the end)."""
+        reply = self._call(self._sweep_half, keys, [cursor, count], "sweep half stream")
+        buried = [(entries.text(entry_id) or "", entries.text(reason) or "") for entry_id, reason in reply[2]]
+        return entries.text(reply[1]) or "0-0", buried
+
+    def _call(self, script: Any, keys: TopicKeys, args: list[Any], what: str, transaction_id: str = "") -> Any:
+        try:
+            return script(keys=keys.script_keys(), args=args)
+        except redis.RedisError as exc:
+            tx = f", transaction {transaction_id}" if transaction_id else ""
+            raise TxMQConnectionError(f"topic {keys.topic!r}{tx}: {what} failed: {exc}") from exc
+
+
+def _end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
+    """Map an end-like script reply to an :class:`EndResult` or the matching :class:`TransactionError`."""
+    status, first, second, third, fourth = _reply(reply, 5)
+    if status == "OK":
+        return EndResult(state=first, half_id=second, committed_id=third or None, applied=fourth == "APPLIED")
+    where = f"topic {keys.topic!r}, transaction {transaction_id}"
+    if first == "CORRUPT":
+        raise CorruptEntryError(f"{where}: {second}")
+    if first not in _ERRORS:
+        raise TxMQError(f"{where}: refused: {first} {second}")
+    error, advice = _ERRORS[first]
+    raise error(f"{where}: {second}; {advice}", topic=keys.topic, transaction_id=transaction_id)
 
 
 def _reply(reply: Any, width: int) -> list[str]:

@@ -21,6 +21,13 @@ class Settings:
     ``dedupe_window`` is how long (seconds) an ended transaction's outcome is remembered so that a repeated
     or late end call gets the first answer instead of "not found"; it never affects exactly-once, because
     a transaction whose half message is gone can no longer be committed.
+
+    Check-back (RocketMQ's defaults): a half message is first checked ``transaction_timeout`` seconds after it was
+    born (or after its own ``check_immunity_seconds``), then every ``check_interval``; after ``check_max`` checks or
+    ``max_age`` seconds it is dead-lettered. A producer answers checks on ``check_threads`` workers with at most
+    ``check_queue_size`` requests in hand; instances heartbeat every ``heartbeat_interval`` and count as live for
+    three of them. Work read by an instance that died (a producer's check requests, a checker's replies) is taken
+    over by a live one once idle for ``claim_idle`` seconds.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -28,8 +35,25 @@ class Settings:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     dedupe_window: float = 300.0
     op_stream_maxlen: int = 10_000
+    transaction_timeout: float = 6.0
+    check_interval: float = 30.0
+    check_max: int = 15
+    max_age: float = 72 * 3600.0
+    check_threads: int = 1
+    check_queue_size: int = 2000
+    heartbeat_interval: float = 5.0
+    claim_idle: float = 30.0
 
     def __post_init__(self) -> None:
+        positive = ("check_interval", "max_age", "heartbeat_interval", "claim_idle")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigurationError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.transaction_timeout < 0:
+            raise ConfigurationError(f"transaction_timeout must be >= 0 seconds, got {self.transaction_timeout}")
+        for name in ("check_max", "check_threads", "check_queue_size"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_message_size < 1:
             raise ConfigurationError(f"max_message_size must be >= 1 byte, got {self.max_message_size}")
         if self.dedupe_window < 0:

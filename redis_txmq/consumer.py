@@ -20,7 +20,7 @@ import redis
 
 from .config import Settings
 from .connection import connect, ensure_binary_client
-from .entries import ConsumedMessage, decode_topic_entry, text
+from .entries import ConsumedMessage, decode_topic_entry, stream_batches, text
 from .errors import ConfigurationError, CorruptEntryError, TxMQConnectionError
 from .keys import TopicKeys
 from .message import validate_name
@@ -117,7 +117,7 @@ class Consumer:
         except redis.RedisError as exc:
             raise TxMQConnectionError(f"topic {self.topic!r}, group {self.group!r}: read failed: {exc}") from exc
         return self._decode_all(
-            [(entry_id, fields, 1) for _, batch in _stream_batches(reply) for entry_id, fields in batch]
+            [(entry_id, fields, 1) for _, batch in stream_batches(reply) for entry_id, fields in batch]
         )
 
     def _claim_abandoned(self) -> list[ConsumedMessage]:
@@ -151,8 +151,6 @@ class Consumer:
         for entry_id, fields, count in raw:
             if fields is None:
                 continue
-            if isinstance(fields, list):
-                fields = dict(zip(fields[::2], fields[1::2], strict=True))
             try:
                 messages.append(decode_topic_entry(self.topic, self.keys.topic_stream, entry_id, fields, count))
             except CorruptEntryError as exc:
@@ -223,14 +221,3 @@ class Consumer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _stream_batches(reply: Any) -> list[tuple[Any, list[Any]]]:
-    """XREADGROUP replies are a list under RESP2 and a dict under RESP3."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return [
-            (stream, batch[0] if batch and isinstance(batch[0], list) else batch) for stream, batch in reply.items()
-        ]
-    return [(stream, batch) for stream, batch in reply]

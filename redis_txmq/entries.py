@@ -26,6 +26,16 @@ PARTITION = "partition"
 BORN_MS = "born_ms"
 CHECK_IMMUNITY_MS = "check_immunity_ms"
 
+# check requests (checker -> producers of a group) carry the half message's fields plus these
+STREAM = "stream"
+HALF_ID = "half_id"
+CHECK_TIMES = "check_times"
+REQUESTED_MS = "requested_ms"
+# replies (producer -> checkers)
+STATE = "state"
+REMARK = "remark"
+PRODUCER = "producer"
+
 
 def text(value: bytes | str | None) -> str | None:
     """Decode a reply value; ids and names are ASCII/UTF-8."""
@@ -57,8 +67,33 @@ def prepare_args(message: Message, transaction_id: str, producer_group: str, par
     ]
 
 
-def _fields(raw: dict[Any, Any]) -> dict[str, bytes]:
+def field_map(raw: dict[Any, Any] | list[Any]) -> dict[str, bytes]:
+    """Entry fields as ``{name: bytes}``, from a redis-py dict or a flat list from a script reply."""
+    if isinstance(raw, list):
+        raw = dict(zip(raw[::2], raw[1::2], strict=True))
     return {text(k) or "": v if isinstance(v, bytes) else str(v).encode() for k, v in raw.items()}
+
+
+def message_from_fields(fields: dict[str, bytes], where: str) -> Message:
+    """The :class:`Message` stored in a half message, check request or dead letter (not re-validated)."""
+    missing = [name for name in (TOPIC, BODY, TRANSACTION_ID) if name not in fields]
+    if missing:
+        raise CorruptEntryError(f"{where}: missing field(s) {', '.join(missing)}")
+    keys = text(fields.get(KEYS))
+    immunity = fields.get(CHECK_IMMUNITY_MS)
+    try:
+        immunity_seconds = int(immunity) / 1000 if immunity else None
+    except ValueError:
+        raise CorruptEntryError(f"{where}: field 'check_immunity_ms' is not a number") from None
+    return Message(
+        topic=text(fields[TOPIC]) or "",
+        body=fields[BODY],
+        keys=keys or None,
+        tags=text(fields.get(TAGS)),
+        properties=_decode_properties(fields.get(PROPERTIES), where) or None,
+        check_immunity_seconds=immunity_seconds,
+        transaction_id=text(fields[TRANSACTION_ID]),
+    )
 
 
 def _decode_properties(raw: bytes | None, entry_id: str) -> dict[str, str]:
@@ -94,11 +129,11 @@ class ConsumedMessage:
 
 
 def decode_topic_entry(
-    topic: str, stream: str, entry_id: bytes | str, raw: dict[Any, Any], delivery_count: int = 1
+    topic: str, stream: str, entry_id: bytes | str, raw: dict[Any, Any] | list[Any], delivery_count: int = 1
 ) -> ConsumedMessage:
     """A topic stream entry as a :class:`ConsumedMessage`; :class:`CorruptEntryError` if it has no body."""
     eid = text(entry_id) or ""
-    values = _fields(raw)
+    values = field_map(raw)
     if BODY not in values:
         raise CorruptEntryError(f"entry {eid} of stream {stream!r} has no 'body' field")
     keys = text(values.get(KEYS))
@@ -113,3 +148,15 @@ def decode_topic_entry(
         properties=_decode_properties(values.get(PROPERTIES), eid),
         delivery_count=delivery_count,
     )
+
+
+def stream_batches(reply: Any) -> list[tuple[Any, list[Any]]]:
+    """``(stream, [(entry id, fields), ...])`` pairs of an XREAD/XREADGROUP reply: redis-py gives a list of pairs
+    under RESP2 and ``{stream: [entries]}`` under RESP3."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return [
+            (stream, batch[0] if batch and isinstance(batch[0], list) else batch) for stream, batch in reply.items()
+        ]
+    return [(stream, batch) for stream, batch in reply]

@@ -21,6 +21,11 @@ key                                   type    holds
 ``txmq:{S}:dead-index``               hash    transaction id -> entry id in the dead-letter stream
 ``txmq:{S}:consumer-dead:<group>``    stream  entries a consumer group gave up on (delivery limit)
 ``txmq:topics``                       set     registry of topic stream keys that have seen a transaction
+``txmq:groups``                       set     registry of producer groups that have started a producer
+``txmq:group:{G}:check``              stream  check requests for producer group G (read by its producers)
+``txmq:group:{G}:producers``          zset    producer instance -> last heartbeat (ms, server clock)
+``txmq:replies``                      stream  check answers from producers (read by the checkers)
+``txmq:checkers``                     zset    checker instance -> last heartbeat (ms, server clock)
 ====================================  ======  ==========================================================
 
 The Lua scripts that change a transaction receive :meth:`TopicKeys.script_keys` as KEYS, in that
@@ -36,12 +41,19 @@ from .message import validate_name
 
 PREFIX = "txmq"
 TOPIC_REGISTRY = f"{PREFIX}:topics"
+GROUP_REGISTRY = f"{PREFIX}:groups"
+REPLY_STREAM = f"{PREFIX}:replies"
+CHECKER_INSTANCES = f"{PREFIX}:checkers"
+PRODUCERS_CONSUMER_GROUP = "producers"
+"""Consumer group of a check-request stream: the live producer instances of the producer group."""
+CHECKERS_CONSUMER_GROUP = "checkers"
+"""Consumer group of the reply stream: the checker instances."""
 PARTITION_SEPARATOR = "#"
 
 
-def topic_stream_key(topic: str, partition: int = 0, partitions: int = 1) -> str:
-    """The key of a topic partition's stream: the bare topic name when the topic has one partition."""
-    if partitions == 1:
+def topic_stream_key(topic: str, partition: int = 0, partitioned: bool = False) -> str:
+    """The key of a topic partition's stream: the bare topic name when the topic is not partitioned."""
+    if not partitioned:
         return topic
     return f"{topic}{PARTITION_SEPARATOR}{partition}"
 
@@ -52,11 +64,11 @@ class TopicKeys:
 
     topic: str
     partition: int = 0
-    partitions: int = 1
+    partitioned: bool = False
 
     @cached_property
     def topic_stream(self) -> str:
-        return topic_stream_key(self.topic, self.partition, self.partitions)
+        return topic_stream_key(self.topic, self.partition, self.partitioned)
 
     def _companion(self, name: str) -> str:
         return f"{PREFIX}:{{{self.topic_stream}}}:{name}"
@@ -130,3 +142,26 @@ class TopicKeys:
             self.remarks,
             self.dead_index,
         ]
+
+
+@dataclass(frozen=True)
+class GroupKeys:
+    """The keys of one producer group; all in the hash slot of ``{G}``."""
+
+    producer_group: str
+
+    @property
+    def check_requests(self) -> str:
+        return f"{PREFIX}:group:{{{self.producer_group}}}:check"
+
+    @property
+    def producers(self) -> str:
+        return f"{PREFIX}:group:{{{self.producer_group}}}:producers"
+
+
+def topic_keys_of_stream(stream: str) -> TopicKeys:
+    """The :class:`TopicKeys` of a topic stream key as stored in the registry."""
+    topic, separator, partition = stream.partition(PARTITION_SEPARATOR)
+    if not separator:
+        return TopicKeys(topic)
+    return TopicKeys(topic, int(partition), partitioned=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import abc
 import logging
 import threading
 import uuid
@@ -14,6 +13,7 @@ from .config import Settings
 from .connection import connect, ensure_binary_client
 from .errors import ConfigurationError, PrepareError, ProducerStateError, TxMQError
 from .keys import TopicKeys
+from .listener import TransactionListener, local_state
 from .message import (
     LocalTransactionState,
     Message,
@@ -23,19 +23,6 @@ from .message import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class TransactionListener(abc.ABC):
-    """The user's side of a transaction: run it, and later say what became of it."""
-
-    @abc.abstractmethod
-    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
-        """Run the local transaction. ``message.transaction_id`` is set: store it with your data so that
-        :meth:`check_local_transaction` can find the outcome. ``None`` or an exception means UNKNOWN."""
-
-    @abc.abstractmethod
-    def check_local_transaction(self, message: Message) -> LocalTransactionState | None:
-        """Answer a check-back for a transaction whose outcome never reached Redis."""
 
 
 class _State:
@@ -133,7 +120,9 @@ class TransactionProducer:
                 f"topic {message.topic!r}, transaction {transaction_id}: id already used ({prepared.state})"
             )
         message.transaction_id = transaction_id
-        state, remark = self._execute(message, arg)
+        state, remark = local_state(
+            lambda: self.listener.execute_local_transaction(message, arg), message, "local transaction"
+        )
         committed_id: str | None = None
         end_error: str | None = None
         if state is not LocalTransactionState.UNKNOWN or remark:
@@ -162,22 +151,3 @@ class TransactionProducer:
             remark=remark,
             end_error=end_error,
         )
-
-    def _execute(self, message: Message, arg: Any) -> tuple[LocalTransactionState, str | None]:
-        """Run the listener; anything but COMMIT or ROLLBACK is UNKNOWN, with a remark saying why."""
-        try:
-            answer = self.listener.execute_local_transaction(message, arg)
-        except Exception as exc:  # noqa: BLE001 - the contract: an exception is UNKNOWN, logged, kept
-            logger.exception(
-                "tx=%s topic=%s local transaction raised; state UNKNOWN", message.transaction_id, message.topic
-            )
-            return LocalTransactionState.UNKNOWN, f"local transaction raised {type(exc).__name__}: {exc}"[:1024]
-        if answer is None:
-            return LocalTransactionState.UNKNOWN, None
-        try:
-            return LocalTransactionState(answer), None
-        except ValueError:
-            logger.error(
-                "tx=%s topic=%s listener returned %r; state UNKNOWN", message.transaction_id, message.topic, answer
-            )
-            return LocalTransactionState.UNKNOWN, f"listener returned {answer!r}"[:1024]

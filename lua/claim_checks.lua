@@ -1,0 +1,65 @@
+-- claim_checks: pick the transactions of one topic partition that are due for a check-back (SPEC §4.5-4.6).
+-- Called by every checker instance; each call claims distinct transactions, atomically, so instances share work.
+-- A claimed transaction has its check counted and its next check scheduled one check_interval later: at most one
+-- check per transaction per interval, however many checkers run. Over check_max checks or older than max_age, it is
+-- moved whole to the dead-letter stream instead. Indexed entries whose half message is malformed are dead-lettered.
+-- KEYS: the topic keys of topic_keys.lua.
+-- ARGV[1] transaction_timeout_ms   check immunity of messages without their own
+-- ARGV[2] check_interval_ms        time between two checks of one transaction
+-- ARGV[3] check_max                checks before giving up
+-- ARGV[4] max_age_ms               age (from born_ms) after which it is given up
+-- ARGV[5] limit                    at most this many transactions per call
+-- Reply: {'OK', {{transaction_id, half_id, check_times, half_fields}, ...}, {{transaction_id, reason}, ...}}
+--        (to check; dead-lettered) or {'ERR', 'BADARG', detail}.
+
+local timeout_ms, interval_ms, check_max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local max_age_ms, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
+if not (timeout_ms and interval_ms and check_max and max_age_ms and limit)
+    or timeout_ms < 0 or interval_ms <= 0 or check_max < 1 or max_age_ms <= 0 or limit < 1 then
+  return fail('BADARG', 'need transaction_timeout_ms >= 0, check_interval_ms > 0, check_max >= 1, max_age_ms > 0, limit >= 1')
+end
+
+local now = now_ms()
+local candidates = redis.call('ZRANGEBYSCORE', unchecked, '-inf', string.format('%d', now - timeout_ms), 'LIMIT', 0, limit)
+if #candidates < limit then
+  local more = redis.call('ZRANGEBYSCORE', due, '-inf', string.format('%d', now), 'LIMIT', 0, limit - #candidates)
+  for i = 1, #more do
+    candidates[#candidates + 1] = more[i]
+  end
+end
+
+local to_check, buried = {}, {}
+for _, txid in ipairs(candidates) do
+  local half_id = redis.call('HGET', inflight, txid)
+  local entries = half_id and redis.call('XRANGE', half_stream, half_id, half_id) or {}
+  local check_times = tonumber(redis.call('HGET', checks, txid) or '0') or 0
+  local reason = nil
+  local half = {}
+  if not half_id then
+    -- index without transaction (written by another tool): drop the stale index entries
+    redis.call('ZREM', unchecked, txid)
+    redis.call('ZREM', due, txid)
+  elseif #entries == 0 then
+    reason = 'half message ' .. half_id .. ' is missing from the half stream'
+  else
+    half = to_map(entries[1][2])
+    local born = tonumber(half['born_ms'] or '')
+    if half['transaction_id'] ~= txid or not half['producer_group'] or not half['body'] or not born then
+      reason = 'malformed half message: needs transaction_id, producer_group, body and born_ms'
+    elseif check_times >= check_max then
+      reason = 'check_max ' .. check_max .. ' checks reached'
+    elseif now - born > max_age_ms then
+      reason = 'older than max_age ' .. string.format('%d', max_age_ms) .. ' ms'
+    end
+  end
+  if reason then
+    bury(txid, half_id, entries[1] and entries[1][2] or {'transaction_id', txid}, reason, check_times, now)
+    buried[#buried + 1] = {txid, reason}
+  elseif half_id then
+    redis.call('HINCRBY', checks, txid, 1)
+    redis.call('ZREM', unchecked, txid)
+    redis.call('ZADD', due, now + interval_ms, txid)
+    to_check[#to_check + 1] = {txid, half_id, check_times + 1, entries[1][2]}
+  end
+end
+return {'OK', to_check, buried}

@@ -1,0 +1,223 @@
+"""The producer's side of the check-back: answer check requests of its group (RocketMQ's checkTransactionState).
+
+Every live producer instance of a group reads the group's check-request stream through one consumer group, so
+each request goes to one instance; ``listener.check_local_transaction`` runs on a bounded worker pool and the
+answer goes to the reply stream, which the checkers apply with the same end script as the producer.
+A request left unanswered by an instance that died is taken over by another one after ``claim_idle``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import redis
+
+from . import entries
+from .config import Settings
+from .errors import CorruptEntryError
+from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
+from .listener import local_state
+from .scripts import preload, register_script
+
+logger = logging.getLogger(__name__)
+
+READ_BLOCK_MS = 250
+"""How long one read waits for requests: also the longest a shutdown waits for the reader."""
+
+
+def ensure_consumer_group(client: Any, stream: str, group: str) -> None:
+    """Create the consumer group (and the stream) unless it exists."""
+    try:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+class Heartbeat:
+    """Registers an instance as live in a zset, on the server's clock (``lua/heartbeat.lua``)."""
+
+    def __init__(self, client: Any, instances_key: str, instance_id: str, interval: float) -> None:
+        self.client = client
+        self.instances_key = instances_key
+        self.instance_id = instance_id
+        self.live_ms = int(interval * 3000)
+        self._script = register_script(client, "heartbeat")
+
+    def beat(self) -> int:
+        """Record this instance; returns how many instances are live."""
+        return int(self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "beat"]))
+
+    def leave(self) -> None:
+        self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "leave"])
+
+
+class CheckRequestHandler:
+    """Reads check requests of one producer group and answers them on ``check_threads`` workers."""
+
+    def __init__(self, client: Any, producer_group: str, listener: Any, settings: Settings, instance_id: str) -> None:
+        self.client = client
+        self.producer_group = producer_group
+        self.listener = listener
+        self.settings = settings
+        self.instance_id = instance_id
+        self.keys = GroupKeys(producer_group)
+        self.heartbeat = Heartbeat(client, self.keys.producers, instance_id, settings.heartbeat_interval)
+        self._pool = ThreadPoolExecutor(settings.check_threads, thread_name_prefix=f"txmq-check-{producer_group}")
+        self._in_hand: dict[str, Future[None]] = {}
+        self._room = threading.Condition()
+        self._stop = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._claim_cursor = "0-0"
+
+    def start(self) -> None:
+        ensure_consumer_group(self.client, self.keys.check_requests, PRODUCERS_CONSUMER_GROUP)
+        self.client.sadd(GROUP_REGISTRY, self.producer_group)
+        preload(self.heartbeat._script)
+        self.heartbeat.beat()
+        self._reader = threading.Thread(target=self._read_loop, name=f"txmq-checks-{self.producer_group}", daemon=True)
+        self._reader.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop reading, finish the checks that are running, hand the queued ones back to other instances."""
+        self._stop.set()
+        with self._room:
+            self._room.notify_all()
+        if self._reader is not None:
+            self._reader.join(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._room:
+            handed_back = [entry_id for entry_id, future in self._in_hand.items() if future.cancelled()]
+        try:
+            if handed_back:
+                # Claim them with an idle time that makes them claimable by another instance right away.
+                self.client.xclaim(
+                    self.keys.check_requests,
+                    PRODUCERS_CONSUMER_GROUP,
+                    self.instance_id,
+                    0,
+                    handed_back,
+                    idle=int(self.settings.claim_idle * 1000),
+                    justid=True,
+                )
+                logger.info("group=%s handed back %d check requests", self.producer_group, len(handed_back))
+            self.heartbeat.leave()
+        except redis.RedisError as exc:
+            logger.warning("group=%s could not hand back check requests on shutdown: %s", self.producer_group, exc)
+
+    def _read_loop(self) -> None:
+        next_beat = next_claim = 0.0
+        while not self._stop.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_beat:
+                    self.heartbeat.beat()
+                    next_beat = now + self.settings.heartbeat_interval
+                room = self._wait_for_room()
+                if room == 0:
+                    continue
+                if now >= next_claim or self._claim_cursor != "0-0":
+                    self._dispatch(self._claim_abandoned(room))
+                    if self._claim_cursor == "0-0":
+                        next_claim = now + self.settings.claim_idle / 2
+                    continue
+                reply = self.client.xreadgroup(
+                    PRODUCERS_CONSUMER_GROUP,
+                    self.instance_id,
+                    {self.keys.check_requests: ">"},
+                    count=min(room, 100),
+                    block=READ_BLOCK_MS,
+                )
+                for _, batch in entries.stream_batches(reply):
+                    self._dispatch(batch)
+            except redis.RedisError as exc:
+                logger.warning("group=%s reading check requests failed: %s; retrying", self.producer_group, exc)
+                self._stop.wait(1.0)
+
+    def _wait_for_room(self) -> int:
+        with self._room:
+            while len(self._in_hand) >= self.settings.check_queue_size and not self._stop.is_set():
+                self._room.wait(0.5)
+            return max(0, self.settings.check_queue_size - len(self._in_hand))
+
+    def _claim_abandoned(self, room: int) -> list[Any]:
+        cursor, claimed, *_ = self.client.xautoclaim(
+            self.keys.check_requests,
+            PRODUCERS_CONSUMER_GROUP,
+            self.instance_id,
+            int(self.settings.claim_idle * 1000),
+            start_id=self._claim_cursor,
+            count=min(room, 100),
+        )
+        self._claim_cursor = entries.text(cursor) or "0-0"
+        if claimed:
+            logger.info("group=%s took over %d check requests of a dead instance", self.producer_group, len(claimed))
+        return list(claimed)
+
+    def _dispatch(self, batch: list[Any]) -> None:
+        for entry_id, fields in batch:
+            request_id = entries.text(entry_id) or ""
+            if fields is None:  # deleted while pending
+                self.client.xack(self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, request_id)
+                continue
+            with self._room:
+                if request_id in self._in_hand:
+                    continue
+                future = self._pool.submit(self._answer, request_id, fields)
+                self._in_hand[request_id] = future
+            future.add_done_callback(lambda _, rid=request_id: self._done(rid))
+
+    def _done(self, request_id: str) -> None:
+        with self._room:
+            future = self._in_hand.get(request_id)
+            if future is not None and not future.cancelled():
+                del self._in_hand[request_id]
+            self._room.notify_all()
+
+    def _answer(self, request_id: str, raw: Any) -> None:
+        fields = entries.field_map(raw)
+        where = f"group {self.producer_group!r}, check request {request_id}"
+        try:
+            message = entries.message_from_fields(fields, where)
+            stream, half_id = entries.text(fields.get(entries.STREAM)), entries.text(fields.get(entries.HALF_ID))
+            if not stream or not half_id:
+                raise CorruptEntryError(f"{where}: missing field(s) stream / half_id")
+        except CorruptEntryError as exc:
+            logger.error("%s skipped: %s", where, exc)
+            self._finish(request_id)
+            return
+        state, remark = local_state(
+            lambda: self.listener.check_local_transaction(message), message, "check_local_transaction"
+        )
+        reply = {
+            entries.STREAM: stream,
+            entries.TOPIC: message.topic,
+            entries.TRANSACTION_ID: message.transaction_id or "",
+            entries.PRODUCER_GROUP: self.producer_group,
+            entries.HALF_ID: half_id,
+            entries.STATE: state.value,
+            entries.REMARK: remark or "",
+            entries.REQUESTED_MS: fields.get(entries.REQUESTED_MS, b""),
+            entries.PRODUCER: self.instance_id,
+        }
+        try:
+            self.client.xadd(REPLY_STREAM, reply)
+            self._finish(request_id)
+        except redis.RedisError as exc:
+            logger.warning(
+                "tx=%s topic=%s could not send the check answer: %s; it will be asked again",
+                message.transaction_id,
+                message.topic,
+                exc,
+            )
+        logger.debug("tx=%s topic=%s answered check: %s", message.transaction_id, message.topic, state.value)
+
+    def _finish(self, request_id: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xack(self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, request_id)
+        pipe.xdel(self.keys.check_requests, request_id)
+        pipe.execute()

@@ -1,0 +1,48 @@
+"""The listener contract: what the user's code answers, and how an answer becomes a state."""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .message import LocalTransactionState, Message
+
+logger = logging.getLogger(__name__)
+
+REMARK_LIMIT = 1024
+
+
+class TransactionListener(abc.ABC):
+    """The user's side of a transaction: run it, and later say what became of it."""
+
+    @abc.abstractmethod
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
+        """Run the local transaction. ``message.transaction_id`` is set: store it with your data so that
+        :meth:`check_local_transaction` can find the outcome. ``None`` or an exception means UNKNOWN."""
+
+    @abc.abstractmethod
+    def check_local_transaction(self, message: Message) -> LocalTransactionState | None:
+        """Answer a check-back for a transaction whose outcome never reached Redis."""
+
+
+def local_state(call: Callable[[], Any], message: Message, what: str) -> tuple[LocalTransactionState, str | None]:
+    """Run a listener method; anything but COMMIT or ROLLBACK is UNKNOWN, with a remark saying why.
+
+    An exception is logged with the transaction id and kept as the remark; it never escapes, so a throwing
+    listener cannot wedge a producer or a check worker (apache/rocketmq #9500)."""
+    try:
+        answer = call()
+    except Exception as exc:  # noqa: BLE001 - the contract: an exception is UNKNOWN, logged, kept
+        logger.exception("tx=%s topic=%s %s raised; state UNKNOWN", message.transaction_id, message.topic, what)
+        return LocalTransactionState.UNKNOWN, f"{what} raised {type(exc).__name__}: {exc}"[:REMARK_LIMIT]
+    if answer is None:
+        return LocalTransactionState.UNKNOWN, None
+    try:
+        return LocalTransactionState(answer), None
+    except ValueError:
+        logger.error(
+            "tx=%s topic=%s %s returned %r; state UNKNOWN", message.transaction_id, message.topic, what, answer
+        )
+        return LocalTransactionState.UNKNOWN, f"{what} returned {answer!r}"[:REMARK_LIMIT]
