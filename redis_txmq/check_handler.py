@@ -25,7 +25,7 @@ from .scripts import preload, register_script
 
 logger = logging.getLogger(__name__)
 
-READ_BLOCK_MS = 250
+READ_BLOCK_MS = 100
 """How long one read waits for requests: also the longest a shutdown waits for the reader."""
 
 

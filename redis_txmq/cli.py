@@ -2,16 +2,59 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from . import __version__
-from .connection import redact_url
+from .config import Settings
+from .connection import connect, redact_url
+from .errors import TxMQError
 
 console = Console()
+
+redis_url_option = click.option(
+    "--redis-url",
+    envvar="TXMQ_REDIS_URL",
+    default=None,
+    show_envvar=True,
+    help="Redis URL (redis://, rediss://, unix://); default redis://localhost:6379/0.",
+)
+cluster_option = click.option(
+    "--cluster/--no-cluster",
+    envvar="TXMQ_CLUSTER",
+    default=None,
+    show_envvar=True,
+    help="Connect with redis.cluster.RedisCluster.",
+)
+
+
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return Settings.from_env(**overrides)
+    except TxMQError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _client(settings: Settings) -> Any:
+    return connect(settings.redis_url, cluster=settings.cluster)
+
+
+def _fail_cleanly(action: Callable[[], None]) -> None:
+    """Run a command body; a TxMQError becomes one red line and exit status 1, not a traceback."""
+    try:
+        action()
+    except TxMQError as exc:
+        console.print(f"[red]error[/]: {exc}")
+        sys.exit(1)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -41,7 +84,7 @@ def version() -> None:
     help="Redis to use; without it the demo starts its own (redis-server, else fakeredis).",
 )
 def demo(redis_url: str | None) -> None:
-    """Run the order-service story: commits, rollbacks, a consumer reading what was committed."""
+    """Run the order-service story: commits, rollbacks, a check-back, a consumer reading what was committed."""
     from .demo import run_demo
     from .embedded import EmbeddedRedis
 
@@ -67,4 +110,194 @@ def demo(redis_url: str | None) -> None:
     sys.exit(1)
 
 
-__all__ = ["main"]
+@main.command()
+@redis_url_option
+@cluster_option
+@click.option(
+    "--transaction-timeout",
+    type=float,
+    envvar="TXMQ_TRANSACTION_TIMEOUT",
+    show_envvar=True,
+    help="Check immunity in seconds: no check before a half message is this old (default 6).",
+)
+@click.option(
+    "--check-interval",
+    type=float,
+    envvar="TXMQ_CHECK_INTERVAL",
+    show_envvar=True,
+    help="Seconds between two checks of one transaction (default 30).",
+)
+@click.option(
+    "--check-max",
+    type=int,
+    envvar="TXMQ_CHECK_MAX",
+    show_envvar=True,
+    help="Checks before a transaction is dead-lettered (default 15).",
+)
+@click.option(
+    "--max-age",
+    type=float,
+    envvar="TXMQ_MAX_AGE",
+    show_envvar=True,
+    help="Seconds after which a transaction is dead-lettered (default 259200 = 72 h).",
+)
+@click.option(
+    "--claim-idle",
+    type=float,
+    envvar="TXMQ_CLAIM_IDLE",
+    show_envvar=True,
+    help="Seconds after which answers read by a dead checker are taken over (default 30).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    envvar="TXMQ_CHECKER_BATCH_SIZE",
+    show_envvar=True,
+    help="Transactions claimed per script call.",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    envvar="TXMQ_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on this port.",
+)
+def checker(
+    redis_url: str | None,
+    cluster: bool | None,
+    transaction_timeout: float | None,
+    check_interval: float | None,
+    check_max: int | None,
+    max_age: float | None,
+    claim_idle: float | None,
+    batch_size: int,
+    metrics_port: int | None,
+) -> None:
+    """Run the check-back worker until SIGTERM or SIGINT; run several for availability."""
+    from checker import Checker
+
+    settings = _settings(
+        redis_url=redis_url,
+        cluster=cluster,
+        transaction_timeout=transaction_timeout,
+        check_interval=check_interval,
+        check_max=check_max,
+        max_age=max_age,
+        claim_idle=claim_idle,
+    )
+    worker = Checker(_client(settings), settings, batch_size=batch_size)
+    if metrics_port is not None:
+        worker.metrics.serve(metrics_port)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    console.print(
+        f"checker {worker.instance_id} on {redact_url(settings.redis_url)}: "
+        f"transaction_timeout={settings.transaction_timeout}s check_interval={settings.check_interval}s "
+        f"check_max={settings.check_max} max_age={settings.max_age}s",
+        highlight=False,
+    )
+    _fail_cleanly(lambda: worker.run(stop))
+
+
+@main.command()
+@redis_url_option
+@cluster_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
+    """Topics, producer groups and checkers at a glance."""
+    from .admin import status as read_status
+
+    settings = _settings(redis_url=redis_url, cluster=cluster)
+    report = read_status(_client(settings), live_seconds=settings.heartbeat_interval * 3)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    topics = Table(title="topics")
+    for column in ("topic", "committed", "in flight", "oldest in flight (s)", "dead letters"):
+        topics.add_column(column)
+    for t in report["topics"]:
+        age = t["oldest_in_flight_age_seconds"]
+        topics.add_row(
+            t["stream"],
+            str(t["committed"]),
+            str(t["in_flight"]),
+            "-" if age is None else f"{age:.1f}",
+            str(t["dead_letters"]),
+        )
+    groups = Table(title="producer groups")
+    for column in ("producer group", "live instances", "pending check requests"):
+        groups.add_column(column)
+    for g in report["producer_groups"]:
+        groups.add_row(g["producer_group"], str(g["live_instances"]), str(g["pending_check_requests"]))
+    console.print(topics, groups)
+    console.print(f"live checkers: {report['checkers']['live_instances']}")
+
+
+@main.group()
+def dead() -> None:
+    """List and resolve dead-lettered transactions."""
+
+
+@dead.command("list")
+@redis_url_option
+@cluster_option
+@click.option("--topic", help="Only this topic.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+def dead_list(redis_url: str | None, cluster: bool | None, topic: str | None, as_json: bool) -> None:
+    """Dead-lettered transactions, oldest first."""
+    from .admin import dead_letters
+
+    settings = _settings(redis_url=redis_url, cluster=cluster)
+    rows = dead_letters(_client(settings), topic)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="dead-lettered transactions")
+    for column in ("transaction id", "topic", "producer group", "checks", "reason", "remark"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["transaction_id"] or "-",
+            row["stream"],
+            row["producer_group"] or "-",
+            str(row["check_times"]),
+            row["reason"] or "-",
+            row["remark"] or "",
+        )
+    console.print(table)
+
+
+def _dead_action(name: str, help_text: str) -> None:
+    from .broker import DeadAction
+
+    action = DeadAction(name.upper())
+
+    @dead.command(name, help=help_text)
+    @click.argument("transaction_id")
+    @redis_url_option
+    @cluster_option
+    @click.option("--topic", help="The topic, when the id could be in several.")
+    def command(transaction_id: str, redis_url: str | None, cluster: bool | None, topic: str | None) -> None:
+        from .admin import resolve_dead
+        from .broker import RedisBroker
+
+        settings = _settings(redis_url=redis_url, cluster=cluster)
+
+        def resolve() -> None:
+            keys, result = resolve_dead(RedisBroker(_client(settings), settings), transaction_id, action, topic)
+            repeat = "" if result.applied else " (already done: nothing changed)"
+            committed = f", topic entry {result.committed_id}" if result.committed_id else ""
+            console.print(
+                f"transaction {transaction_id} on {keys.topic_stream}: {result.state}{committed}{repeat}",
+                highlight=False,
+            )
+
+        _fail_cleanly(resolve)
+
+
+_dead_action("commit", "Commit a dead-lettered transaction: its message is appended to the topic once.")
+_dead_action("rollback", "Roll back a dead-lettered transaction: its message is dropped, with an op record.")
+_dead_action("recheck", "Put a dead-lettered transaction back in flight, check count reset, checked right away.")

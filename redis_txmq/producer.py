@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import uuid
 from types import TracebackType
 from typing import Any
 
+import redis
+
 from .broker import EndSource, RedisBroker
+from .check_handler import CheckRequestHandler
 from .config import Settings
 from .connection import connect, ensure_binary_client
-from .errors import ConfigurationError, PrepareError, ProducerStateError, TxMQError
+from .errors import ConfigurationError, PrepareError, ProducerStateError, TxMQConnectionError, TxMQError
 from .keys import TopicKeys
 from .listener import TransactionListener, local_state
 from .message import (
@@ -33,6 +38,7 @@ class _State:
 
 class TransactionProducer:
     """Sends messages in transactions: half message, local transaction, then an atomic commit or rollback.
+    While started, it also answers check-backs of its group (``listener.check_local_transaction``).
 
     Thread-safe: one producer may be shared by the threads of a service. Pass ``redis_url`` or ``client``
     (a ``redis.Redis`` or ``redis.cluster.RedisCluster`` with ``decode_responses=False``); with neither,
@@ -62,6 +68,10 @@ class TransactionProducer:
             client = connect(self.settings.redis_url, cluster=self.settings.cluster)
         self.client = ensure_binary_client(client)
         self.broker = RedisBroker(self.client, self.settings)
+        self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._check_handler = CheckRequestHandler(
+            self.client, self.producer_group, listener, self.settings, self.instance_id
+        )
         self._topic_keys: dict[str, TopicKeys] = {}
         self._state = _State.CREATED
         self._lock = threading.Lock()
@@ -76,15 +86,25 @@ class TransactionProducer:
                 )
             if self._state == _State.CREATED:
                 self.broker.load_scripts()
+                try:
+                    self._check_handler.start()
+                except redis.RedisError as exc:
+                    raise TxMQConnectionError(
+                        f"producer group {self.producer_group!r}: could not start serving check requests: {exc}"
+                    ) from exc
             self._state = _State.RUNNING
         return self
 
     def shutdown(self) -> None:
-        """Stop accepting sends and release the connection pool the producer made itself."""
+        """Stop accepting sends and check requests: running checks finish, queued ones are handed back to the
+        group's other instances. Releases the connection pool the producer made itself."""
         with self._lock:
             if self._state == _State.SHUT_DOWN:
                 return
+            was_running = self._state == _State.RUNNING
             self._state = _State.SHUT_DOWN
+        if was_running:
+            self._check_handler.shutdown()
         if self._owns_client:
             self.client.close()
 

@@ -73,12 +73,20 @@ def test_refused_send_raises_and_writes_nothing(client, message, error):
     listener = ScriptedListener()
     settings = Settings(max_message_size=1024)
     with TransactionProducer("orders-group", listener, client=client, settings=settings) as producer:
+        before = snapshot(client)
         with pytest.raises(error) as raised:
             producer.send_message_in_transaction(message, LocalTransactionState.COMMIT)
+        assert snapshot(client) == before, "a refused send must write nothing"
     assert isinstance(raised.value, TxMQError)
     assert str(raised.value)
     assert listener.executed == [], "the local transaction must not run for a refused message"
-    assert client.dbsize() == 0, f"a refused send wrote {client.keys('*')}"
+    assert not [k for k in client.keys("*") if not k.startswith((b"txmq:group:", b"txmq:groups"))]
+
+
+def snapshot(client):
+    """Every key with its type, and every stream's length: what a send would change."""
+    keys = client.keys("*")
+    return {key: (client.type(key), client.xlen(key) if client.type(key) == b"stream" else None) for key in keys}
 
 
 def test_error_names_the_topic():
@@ -126,7 +134,7 @@ def test_send_before_start_refused(fake_client):
         producer.send_message_in_transaction(Message("orders", b"x"))
     with pytest.raises(ProducerStateError, match="shut down"):
         producer.start()
-    assert fake_client.dbsize() == 0
+    assert fake_client.keys("*orders*") == []
 
 
 def test_settings_from_env():

@@ -1,0 +1,293 @@
+"""The check-back worker (RocketMQ's TransactionalMessageCheckService), run as ``txmq checker``.
+
+One round: for every registered topic stream, claim the transactions due for a check (``lua/claim_checks.lua``:
+counted, rescheduled or dead-lettered atomically, so N checkers never check one transaction twice per interval)
+and send a check request to the transaction's producer group; then apply the answers of the reply stream through
+the producer's own end script. Checkers read the reply stream through one consumer group: the answers a dead
+checker had read are claimed by a live one after ``claim_idle``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from redis_txmq import entries
+from redis_txmq.broker import DueCheck, EndSource, RedisBroker
+from redis_txmq.check_handler import Heartbeat, ensure_consumer_group
+from redis_txmq.config import Settings
+from redis_txmq.errors import CorruptEntryError, TransactionError, TxMQConnectionError, TxMQError
+from redis_txmq.keys import (
+    CHECKER_INSTANCES,
+    CHECKERS_CONSUMER_GROUP,
+    REPLY_STREAM,
+    TOPIC_REGISTRY,
+    GroupKeys,
+    TopicKeys,
+    topic_keys_of_stream,
+)
+from redis_txmq.message import LocalTransactionState
+
+from .metrics import CheckerMetrics
+
+logger = logging.getLogger(__name__)
+
+CURSOR_START = "0-0"
+
+
+@dataclass
+class RoundStats:
+    checks_sent: int = 0
+    dead_lettered: int = 0
+    replies_applied: int = 0
+
+
+class Checker:
+    """One checker instance. :meth:`run` loops until its stop event is set; :meth:`run_round` does one round."""
+
+    def __init__(
+        self,
+        client: Any,
+        settings: Settings | None = None,
+        *,
+        instance_id: str | None = None,
+        batch_size: int = 100,
+        scan_interval: float | None = None,
+        sweep_interval: float = 60.0,
+        metrics: CheckerMetrics | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings or Settings()
+        self.broker = RedisBroker(client, self.settings)
+        self.instance_id = instance_id or f"checker-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.batch_size = batch_size
+        self.scan_interval = scan_interval or min(1.0, self.settings.check_interval / 2)
+        self.sweep_interval = sweep_interval
+        self.metrics = metrics or CheckerMetrics()
+        self.heartbeat = Heartbeat(client, CHECKER_INSTANCES, self.instance_id, self.settings.heartbeat_interval)
+        self._claim_cursor = CURSOR_START
+        self._next_reply_claim = 0.0
+        self._next_sweep = 0.0
+        self._sweep_cursors: dict[str, str] = {}
+        self._started = False
+
+    def start(self) -> None:
+        self.broker.load_scripts()
+        ensure_consumer_group(self.client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP)
+        self.heartbeat.beat()
+        self._started = True
+
+    def run(self, stop: threading.Event) -> None:
+        """Work until ``stop`` is set; each step ends its state changes before the next check of ``stop``."""
+        if not self._started:
+            self.start()
+        logger.info("checker %s started", self.instance_id)
+        next_scan = next_beat = 0.0
+        try:
+            while not stop.is_set():
+                try:
+                    now = time.monotonic()
+                    if now >= next_beat:
+                        self.heartbeat.beat()
+                        next_beat = now + self.settings.heartbeat_interval
+                    if now >= next_scan:
+                        self.scan()
+                        next_scan = now + self.scan_interval
+                    block = max(0.0, min(next_scan - time.monotonic(), 1.0))
+                    self.process_replies(block_ms=int(block * 1000))
+                except (redis.RedisError, TxMQConnectionError) as exc:
+                    logger.warning("checker %s: Redis error %s; retrying in 1 s", self.instance_id, exc)
+                    stop.wait(1.0)
+        finally:
+            try:
+                self.heartbeat.leave()
+            except redis.RedisError:
+                pass
+            logger.info("checker %s stopped", self.instance_id)
+
+    def run_round(self) -> RoundStats:
+        """One scan and the replies waiting now (no blocking): handy for tests and one-shot runs."""
+        if not self._started:
+            self.start()
+        stats = self.scan()
+        stats.replies_applied = self.process_replies(block_ms=None)
+        return stats
+
+    def topics(self) -> list[TopicKeys]:
+        return [topic_keys_of_stream(entries.text(s) or "") for s in sorted(self.client.smembers(TOPIC_REGISTRY))]
+
+    def scan(self) -> RoundStats:
+        """Claim due transactions of every topic and send their check requests."""
+        stats = RoundStats()
+        topics = self.topics()
+        for keys in topics:
+            while True:
+                claimed = self.broker.claim_checks(keys, self.batch_size)
+                for transaction_id, reason in claimed.dead_lettered:
+                    logger.warning("tx=%s topic=%s dead-lettered: %s", transaction_id, keys.topic, reason)
+                    self.metrics.dead_letters.labels(keys.topic).inc()
+                stats.dead_lettered += len(claimed.dead_lettered)
+                stats.checks_sent += self._send_requests(keys, claimed.to_check)
+                if len(claimed.to_check) + len(claimed.dead_lettered) < self.batch_size:
+                    break
+        if time.monotonic() >= self._next_sweep:
+            stats.dead_lettered += self._sweep(topics)
+            self._next_sweep = time.monotonic() + self.sweep_interval
+        self._observe_in_flight(topics)
+        return stats
+
+    def _send_requests(self, keys: TopicKeys, due: list[DueCheck]) -> int:
+        if not due:
+            return 0
+        requested_ms = str(int(time.time() * 1000))
+        pipe = self.client.pipeline(transaction=False)
+        groups = []
+        for check in due:
+            group = entries.text(check.fields[entries.PRODUCER_GROUP]) or ""
+            request = dict(check.fields)
+            request.update(
+                {
+                    entries.STREAM: keys.topic_stream.encode(),
+                    entries.HALF_ID: check.half_id.encode(),
+                    entries.CHECK_TIMES: str(check.check_times).encode(),
+                    entries.REQUESTED_MS: requested_ms.encode(),
+                }
+            )
+            pipe.xadd(GroupKeys(group).check_requests, request)
+            groups.append(group)
+            logger.debug(
+                "tx=%s topic=%s check %d sent to group %s", check.transaction_id, keys.topic, check.check_times, group
+            )
+        pipe.execute()
+        for group in groups:
+            self.metrics.checks_sent.labels(group).inc()
+        return len(due)
+
+    def _sweep(self, topics: list[TopicKeys]) -> int:
+        """Look at a slice of every half stream for entries no transaction owns (written by another tool)."""
+        buried_total = 0
+        for keys in topics:
+            cursor = self._sweep_cursors.get(keys.topic_stream, CURSOR_START)
+            cursor, buried = self.broker.sweep_half(keys, cursor, self.batch_size)
+            self._sweep_cursors[keys.topic_stream] = cursor
+            for entry_id, reason in buried:
+                logger.error("topic=%s half entry %s dead-lettered: %s", keys.topic, entry_id, reason)
+                self.metrics.dead_letters.labels(keys.topic).inc()
+            buried_total += len(buried)
+        return buried_total
+
+    def _observe_in_flight(self, topics: list[TopicKeys]) -> None:
+        if not topics:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for keys in topics:
+            pipe.hlen(keys.inflight)
+        for keys, count in zip(topics, pipe.execute(), strict=True):
+            self.metrics.in_flight.labels(keys.topic).set(count)
+
+    def process_replies(self, block_ms: int | None) -> int:
+        """Apply the answers of the reply stream: abandoned ones first, then new ones."""
+        applied = 0
+        now = time.monotonic()
+        if now >= self._next_reply_claim or self._claim_cursor != CURSOR_START:
+            cursor, claimed, *_ = self.client.xautoclaim(
+                REPLY_STREAM,
+                CHECKERS_CONSUMER_GROUP,
+                self.instance_id,
+                int(self.settings.claim_idle * 1000),
+                start_id=self._claim_cursor,
+                count=self.batch_size,
+            )
+            self._claim_cursor = entries.text(cursor) or CURSOR_START
+            if self._claim_cursor == CURSOR_START:
+                self._next_reply_claim = now + self.settings.claim_idle / 2
+            if claimed:
+                logger.info("checker %s took over %d answers of a dead checker", self.instance_id, len(claimed))
+            applied += self._apply_all(claimed)
+        reply = self.client.xreadgroup(
+            CHECKERS_CONSUMER_GROUP,
+            self.instance_id,
+            {REPLY_STREAM: ">"},
+            count=self.batch_size,
+            block=block_ms or None,
+        )
+        for _, batch in entries.stream_batches(reply):
+            applied += self._apply_all(batch)
+        return applied
+
+    def _apply_all(self, batch: list[Any]) -> int:
+        applied = 0
+        done = []
+        for entry_id, fields in batch:
+            reply_id = entries.text(entry_id) or ""
+            if fields is not None:
+                applied += self._apply(reply_id, entries.field_map(fields))
+            done.append(reply_id)
+        if done:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xack(REPLY_STREAM, CHECKERS_CONSUMER_GROUP, *done)
+            pipe.xdel(REPLY_STREAM, *done)
+            pipe.execute()
+        return applied
+
+    def _apply(self, reply_id: str, fields: dict[str, bytes]) -> int:
+        """Apply one answer; 1 if it ended the transaction. Raises only for connection errors (left pending)."""
+        text = entries.text
+        stream, txid = text(fields.get(entries.STREAM)), text(fields.get(entries.TRANSACTION_ID))
+        group, state_name = text(fields.get(entries.PRODUCER_GROUP)), text(fields.get(entries.STATE))
+        try:
+            state = LocalTransactionState(state_name)
+        except ValueError:
+            state = None
+        if not (stream and txid and group and state):
+            logger.error(
+                "check answer %s skipped: malformed (needs stream, transaction_id, producer_group and a "
+                "state of COMMIT, ROLLBACK or UNKNOWN)",
+                reply_id,
+            )
+            return 0
+        keys = topic_keys_of_stream(stream)
+        self.metrics.replies.labels(state.value).inc()
+        self._observe_latency(fields)
+        try:
+            result = self.broker.end_transaction(
+                keys,
+                txid,
+                group,
+                state,
+                source=EndSource.CHECKER,
+                remark=text(fields.get(entries.REMARK)) or None,
+                half_id=text(fields.get(entries.HALF_ID)) or None,
+            )
+        except TxMQConnectionError:
+            raise
+        except TransactionError as exc:
+            logger.info("tx=%s topic=%s check answer %s not applied: %s", txid, keys.topic, state.value, exc)
+            return 0
+        except (CorruptEntryError, TxMQError) as exc:
+            logger.error("tx=%s topic=%s check answer %s refused: %s", txid, keys.topic, state.value, exc)
+            return 0
+        if not result.applied:
+            return 0
+        if result.state == LocalTransactionState.COMMIT.value:
+            self.metrics.commits.labels(keys.topic).inc()
+        elif result.state == LocalTransactionState.ROLLBACK.value:
+            self.metrics.rollbacks.labels(keys.topic).inc()
+        logger.info("tx=%s topic=%s resolved by check-back: %s", txid, keys.topic, result.state)
+        return 1
+
+    def _observe_latency(self, fields: dict[str, bytes]) -> None:
+        try:
+            requested_ms = int(fields.get(entries.REQUESTED_MS) or b"0")
+        except ValueError:
+            return
+        if requested_ms:
+            self.metrics.check_latency.observe(max(0.0, time.time() - requested_ms / 1000))

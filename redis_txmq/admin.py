@@ -1,0 +1,117 @@
+"""What an operator asks of a deployment: its status, and the dead-lettered transactions to resolve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import entries
+from .broker import DeadAction, EndResult, RedisBroker
+from .errors import TransactionNotFoundError
+from .keys import (
+    CHECKER_INSTANCES,
+    GROUP_REGISTRY,
+    TOPIC_REGISTRY,
+    GroupKeys,
+    TopicKeys,
+    topic_keys_of_stream,
+)
+
+DEAD_FIELDS = {
+    "dead_reason": "reason",
+    "check_times": "check_times",
+    "remark": "remark",
+    "dead_at_ms": "dead_at_ms",
+    "half_id": "half_id",
+    "born_ms": "born_ms",
+}
+
+
+def registered_topics(client: Any, topic: str | None = None) -> list[TopicKeys]:
+    """Every registered topic stream, or those of one topic."""
+    streams = sorted(entries.text(s) or "" for s in client.smembers(TOPIC_REGISTRY))
+    keys = [topic_keys_of_stream(s) for s in streams]
+    return [k for k in keys if topic is None or k.topic == topic]
+
+
+def _server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def status(client: Any, live_seconds: float) -> dict[str, Any]:
+    """Per topic: committed, in_flight, oldest in-flight age, dead letters; per producer group: live instances and
+    pending check requests; live checker instances. An instance is live if it beat within ``live_seconds``."""
+    now = _server_ms(client)
+    live_from = now - int(live_seconds * 1000)
+    topics = []
+    for keys in registered_topics(client):
+        pipe = client.pipeline(transaction=False)
+        pipe.xlen(keys.topic_stream)
+        pipe.hlen(keys.inflight)
+        pipe.xrange(keys.half_stream, count=1)
+        pipe.xlen(keys.dead_stream)
+        committed, in_flight, oldest, dead = pipe.execute()
+        oldest_age = None
+        if oldest:
+            oldest_age = max(0.0, (now - int((entries.text(oldest[0][0]) or "0").split("-")[0])) / 1000)
+        topics.append(
+            {
+                "topic": keys.topic,
+                "stream": keys.topic_stream,
+                "committed": committed,
+                "in_flight": in_flight,
+                "oldest_in_flight_age_seconds": oldest_age,
+                "dead_letters": dead,
+            }
+        )
+    groups = []
+    for group in sorted(entries.text(g) or "" for g in client.smembers(GROUP_REGISTRY)):
+        gkeys = GroupKeys(group)
+        live = client.zcount(gkeys.producers, live_from, "+inf")
+        pending = client.xlen(gkeys.check_requests)  # answered requests are deleted: the length is the backlog
+        groups.append({"producer_group": group, "live_instances": live, "pending_check_requests": pending})
+    checkers = client.zcount(CHECKER_INSTANCES, live_from, "+inf")
+    return {"topics": topics, "producer_groups": groups, "checkers": {"live_instances": checkers}}
+
+
+def dead_letters(client: Any, topic: str | None = None, count: int = 1000) -> list[dict[str, Any]]:
+    """Dead-lettered transactions, oldest first, as plain dicts (``transaction_id``, ``topic``, ``reason``,
+    ``check_times``, ...). The body is left out; read it from the dead-letter stream."""
+    rows = []
+    for keys in registered_topics(client, topic):
+        for entry_id, raw in client.xrange(keys.dead_stream, count=count):
+            fields = entries.field_map(raw)
+            row: dict[str, Any] = {
+                "transaction_id": entries.text(fields.get(entries.TRANSACTION_ID)),
+                "topic": keys.topic,
+                "stream": keys.topic_stream,
+                "dead_letter_id": entries.text(entry_id),
+                "producer_group": entries.text(fields.get(entries.PRODUCER_GROUP)),
+                "keys": entries.text(fields.get(entries.KEYS)),
+                "tags": entries.text(fields.get(entries.TAGS)),
+                "body_bytes": len(fields.get(entries.BODY, b"")),
+            }
+            for field, name in DEAD_FIELDS.items():
+                row[name] = entries.text(fields.get(field))
+            row["check_times"] = int(row["check_times"] or 0)
+            rows.append(row)
+    return rows
+
+
+def resolve_dead(
+    broker: RedisBroker, transaction_id: str, action: DeadAction, topic: str | None = None, remark: str = ""
+) -> tuple[TopicKeys, EndResult]:
+    """Commit, roll back or re-check a dead-lettered transaction, finding its topic when not given."""
+    candidates = registered_topics(broker.client, topic)
+    for keys in candidates:
+        if broker.client.hexists(keys.dead_index, transaction_id):
+            return keys, broker.resolve_dead(keys, transaction_id, action, remark)
+    for keys in candidates:  # already resolved: the script answers a repeat with the first result
+        if broker.client.hexists(keys.ended, transaction_id) or broker.client.hexists(keys.inflight, transaction_id):
+            return keys, broker.resolve_dead(keys, transaction_id, action, remark)
+    where = f"topic {topic!r}" if topic else "any registered topic"
+    raise TransactionNotFoundError(
+        f"transaction {transaction_id}: not dead-lettered in {where}; list them with `txmq dead list`",
+        topic=topic or "",
+        transaction_id=transaction_id,
+    )
