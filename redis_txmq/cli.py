@@ -76,6 +76,12 @@ def version() -> None:
     click.echo(f"redis-txmq {__version__}")
 
 
+def _run_checker(redis_url: str, settings: Settings, stop: threading.Event) -> None:
+    from checker import Checker
+
+    Checker(connect(redis_url), settings, scan_interval=0.1).run(stop)
+
+
 @main.command()
 @click.option(
     "--redis-url",
@@ -96,7 +102,7 @@ def demo(redis_url: str | None) -> None:
     else:
         console.print(f"[bold]Redis[/] at {redact_url(redis_url)}")
     try:
-        outcome = run_demo(redis_url, console)
+        outcome = run_demo(redis_url, console, run_checker=_run_checker)
     finally:
         if embedded is not None:
             embedded.stop()

@@ -19,14 +19,15 @@ def test_demo_on_embedded_default():
     result = CliRunner().invoke(main, ["demo"], env={"TXMQ_REDIS_URL": None})
     assert result.exit_code == 0, result.output
     assert "Embedded Redis (redis-server)" in result.output
-    assert "orders [1, 3, 5] committed and consumed once each" in result.output
+    assert "orders [1, 3, 5, 6] committed and consumed once each" in result.output
+    assert "check-back: order 6 committed" in result.output
 
 
 def test_demo_on_given_redis_leaves_committed_orders(real_client, redis_url):
     result = CliRunner().invoke(main, ["demo", "--redis-url", redis_url])
     assert result.exit_code == 0, result.output
-    bodies = [fields[b"body"] for _, fields in real_client.xrange("orders")]
-    assert [b'"order_id": 1' in b for b in bodies] == [True, False, False] and len(bodies) == 3
+    keys = [fields[b"keys"] for _, fields in real_client.xrange("orders")]
+    assert keys == [b"order-1", b"order-3", b"order-5", b"order-6"]
     assert real_client.xinfo_groups("orders") == [], "the demo removes the consumer group it made"
 
 
@@ -48,4 +49,4 @@ def test_fakeredis_fallback_runs_the_scripts():
 def test_consumer_from_url_reads_demo_data(real_client, redis_url):
     CliRunner().invoke(main, ["demo", "--redis-url", redis_url])
     with Consumer("orders", "analytics", redis_url=redis_url, block=0.05) as consumer:
-        assert len(consumer.poll()) == 3
+        assert len(consumer.poll()) == 4
