@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import redis
 from click.testing import CliRunner
+from rich.console import Console
 
 from redis_txmq import Consumer, __version__
-from redis_txmq.cli import main
+from redis_txmq.cli import _run_checker, main
+from redis_txmq.demo import run_demo
 from redis_txmq.embedded import EmbeddedRedis
 
 
@@ -35,14 +37,10 @@ def test_fakeredis_fallback_runs_the_scripts():
     """Without a redis-server binary the demo runs on fakeredis' TCP server."""
     with EmbeddedRedis(prefer_binary=False) as server:
         assert server.kind == "fakeredis"
-        from rich.console import Console
-
-        from redis_txmq.demo import run_demo
-
-        outcome = run_demo(server.url, Console(quiet=True))
-        assert outcome.ok and outcome.committed == [1, 3, 5]
+        outcome = run_demo(server.url, Console(quiet=True), run_checker=_run_checker)
+        assert outcome.ok and outcome.committed == [1, 3, 5, 6] and outcome.recovered_after_seconds
         client = redis.Redis.from_url(server.url)
-        assert client.xlen("orders") == 3
+        assert client.xlen("orders") == 4
         client.close()
 
 
