@@ -10,11 +10,8 @@ checker had read are claimed by a live one after ``claim_idle``.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +19,11 @@ import redis
 
 from redis_txmq import entries
 from redis_txmq.broker import DueCheck, EndSource, RedisBroker
-from redis_txmq.check_handler import Heartbeat, ensure_consumer_group
+from redis_txmq.check_handler import Heartbeat
 from redis_txmq.config import Settings
+from redis_txmq.connection import instance_id as new_instance_id
 from redis_txmq.errors import CorruptEntryError, TransactionError, TxMQConnectionError, TxMQError
+from redis_txmq.groups import ensure_consumer_group
 from redis_txmq.keys import (
     CHECKER_INSTANCES,
     CHECKERS_CONSUMER_GROUP,
@@ -67,7 +66,7 @@ class Checker:
         self.client = client
         self.settings = settings or Settings()
         self.broker = RedisBroker(client, self.settings)
-        self.instance_id = instance_id or f"checker-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.instance_id = instance_id or new_instance_id("checker")
         self.batch_size = batch_size
         self.scan_interval = scan_interval or min(1.0, self.settings.check_interval / 2)
         self.sweep_interval = sweep_interval
@@ -81,6 +80,7 @@ class Checker:
 
     def start(self) -> None:
         self.broker.load_scripts()
+        self.heartbeat.load()
         ensure_consumer_group(self.client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP)
         self.heartbeat.beat()
         self._started = True

@@ -8,6 +8,7 @@ A request left unanswered by an instance that died is taken over by another one 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -19,23 +20,15 @@ import redis
 from . import entries
 from .config import Settings
 from .errors import CorruptEntryError
+from .groups import ensure_consumer_group
 from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
-from .listener import local_state
+from .listener import TransactionListener, local_state
 from .scripts import preload, register_script
 
 logger = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 100
 """How long one read waits for requests: also the longest a shutdown waits for the reader."""
-
-
-def ensure_consumer_group(client: Any, stream: str, group: str) -> None:
-    """Create the consumer group (and the stream) unless it exists."""
-    try:
-        client.xgroup_create(stream, group, id="0", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
 
 
 class Heartbeat:
@@ -48,6 +41,9 @@ class Heartbeat:
         self.live_ms = int(interval * 3000)
         self._script = register_script(client, "heartbeat")
 
+    def load(self) -> None:
+        preload(self._script)
+
     def beat(self) -> int:
         """Record this instance; returns how many instances are live."""
         return int(self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "beat"]))
@@ -59,7 +55,9 @@ class Heartbeat:
 class CheckRequestHandler:
     """Reads check requests of one producer group and answers them on ``check_threads`` workers."""
 
-    def __init__(self, client: Any, producer_group: str, listener: Any, settings: Settings, instance_id: str) -> None:
+    def __init__(
+        self, client: Any, producer_group: str, listener: TransactionListener, settings: Settings, instance_id: str
+    ) -> None:
         self.client = client
         self.producer_group = producer_group
         self.listener = listener
@@ -77,7 +75,7 @@ class CheckRequestHandler:
     def start(self) -> None:
         ensure_consumer_group(self.client, self.keys.check_requests, PRODUCERS_CONSUMER_GROUP)
         self.client.sadd(GROUP_REGISTRY, self.producer_group)
-        preload(self.heartbeat._script)
+        self.heartbeat.load()
         self.heartbeat.beat()
         self._reader = threading.Thread(target=self._read_loop, name=f"txmq-checks-{self.producer_group}", daemon=True)
         self._reader.start()
@@ -169,9 +167,9 @@ class CheckRequestHandler:
                     continue
                 future = self._pool.submit(self._answer, request_id, fields)
                 self._in_hand[request_id] = future
-            future.add_done_callback(lambda _, rid=request_id: self._done(rid))
+            future.add_done_callback(functools.partial(self._done, request_id))
 
-    def _done(self, request_id: str) -> None:
+    def _done(self, request_id: str, _: Future[None]) -> None:
         with self._room:
             future = self._in_hand.get(request_id)
             if future is not None and not future.cancelled():

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
 
+from .config import Settings
 from .errors import ConfigurationError
 
 
@@ -50,3 +55,23 @@ def redact_url(url: str) -> str:
         host = f"{host}:{parts.port}"
     netloc = f"{user}:***@{host}" if user else f":***@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def resolve_client(redis_url: str | None, client: Any, settings: Settings | None) -> tuple[Any, Settings, bool]:
+    """The client to use, the effective settings, and whether the caller made the client (and must close it).
+
+    ``redis_url`` wins over ``settings.redis_url``; with neither, ``TXMQ_REDIS_URL`` or the default applies."""
+    if redis_url is not None and client is not None:
+        raise ConfigurationError("pass redis_url or client, not both")
+    if settings is None:
+        settings = Settings.from_env(redis_url=redis_url)
+    elif redis_url is not None:
+        settings = replace(settings, redis_url=redis_url)
+    if client is not None:
+        return ensure_binary_client(client), settings, False
+    return connect(settings.redis_url, cluster=settings.cluster), settings, True
+
+
+def instance_id(kind: str) -> str:
+    """A name for this process's instance of a producer, consumer or checker: host, pid and a random part."""
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -7,11 +7,8 @@ Any Redis client can read the same streams with XREADGROUP; this class adds what
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
@@ -19,9 +16,10 @@ from typing import Any
 import redis
 
 from .config import Settings
-from .connection import connect, ensure_binary_client
+from .connection import instance_id, resolve_client
 from .entries import ConsumedMessage, decode_topic_entry, stream_batches, text
 from .errors import ConfigurationError, CorruptEntryError, TxMQConnectionError
+from .groups import ensure_consumer_group
 from .keys import TopicKeys
 from .message import validate_name
 from .scripts import CONSUMER_PRELUDE, preload, register_script
@@ -57,30 +55,24 @@ class Consumer:
     ) -> None:
         validate_name(topic, "topic")
         self.group = validate_name(group, "consumer group")
-        if redis_url is not None and client is not None:
-            raise ConfigurationError("pass redis_url or client, not both")
         if not 1 <= batch_size <= 1000:
             raise ConfigurationError(f"topic {topic!r}: batch_size must be 1..1000, got {batch_size}")
         if block < 0 or min_idle_time <= 0 or max_deliveries < 1:
             raise ConfigurationError(f"topic {topic!r}: need block >= 0, min_idle_time > 0 and max_deliveries >= 1")
         self.topic = topic
         self.keys = TopicKeys(topic)
-        self.consumer_name = consumer_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.consumer_name = consumer_name or instance_id("consumer")
         self.batch_size = batch_size
         self.block = block
         self.min_idle_time = min_idle_time
         self.max_deliveries = max_deliveries
-        self.settings = settings or Settings.from_env(redis_url=redis_url)
-        self._owns_client = client is None
-        if client is None:
-            client = connect(self.settings.redis_url, cluster=self.settings.cluster)
-        self.client = ensure_binary_client(client)
+        self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings)
         self._claim = register_script(self.client, "consumer_claim", CONSUMER_PRELUDE)
         self._dead_letter = register_script(self.client, "consumer_dead_letter", CONSUMER_PRELUDE)
         self._claim_cursor = _CURSOR_START
         self._next_claim = 0.0
         self._stop = threading.Event()
-        self._create_group(start_id)
+        ensure_consumer_group(self.client, self.keys.topic_stream, self.group, start_id)
         preload(self._claim, self._dead_letter)
 
     @property
@@ -90,15 +82,6 @@ class Consumer:
 
     def _script_keys(self) -> list[str]:
         return [self.keys.topic_stream, self.dead_stream]
-
-    def _create_group(self, start_id: str) -> None:
-        try:
-            self.client.xgroup_create(self.keys.topic_stream, self.group, id=start_id, mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise TxMQConnectionError(
-                    f"topic {self.topic!r}: could not create consumer group {self.group!r}: {exc}"
-                ) from exc
 
     def poll(self, timeout: float | None = None) -> list[ConsumedMessage]:
         """Up to ``batch_size`` messages: abandoned ones first, then new ones (waiting up to ``timeout``)."""

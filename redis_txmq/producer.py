@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import uuid
 from types import TracebackType
@@ -15,7 +13,7 @@ import redis
 from .broker import EndSource, RedisBroker
 from .check_handler import CheckRequestHandler
 from .config import Settings
-from .connection import connect, ensure_binary_client
+from .connection import instance_id, resolve_client
 from .errors import ConfigurationError, PrepareError, ProducerStateError, TxMQConnectionError, TxMQError
 from .keys import TopicKeys
 from .listener import TransactionListener, local_state
@@ -59,16 +57,10 @@ class TransactionProducer:
             raise ConfigurationError(
                 f"producer group {producer_group!r}: listener must be a TransactionListener, got {listener!r}"
             )
-        if redis_url is not None and client is not None:
-            raise ConfigurationError("pass redis_url or client, not both")
         self.listener = listener
-        self.settings = settings or Settings.from_env(redis_url=redis_url)
-        self._owns_client = client is None
-        if client is None:
-            client = connect(self.settings.redis_url, cluster=self.settings.cluster)
-        self.client = ensure_binary_client(client)
+        self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings)
         self.broker = RedisBroker(self.client, self.settings)
-        self.instance_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.instance_id = instance_id("producer")
         self._check_handler = CheckRequestHandler(
             self.client, self.producer_group, listener, self.settings, self.instance_id
         )
