@@ -247,3 +247,12 @@ def test_producer_closes_the_client_it_made(real_client, redis_url, listener):
         assert producer.send_message_in_transaction(Message("orders", b"x"), COMMIT).committed_id
         assert len(real_client.client_list()) > baseline
     wait_until(lambda: len(real_client.client_list()) == baseline)
+
+
+def test_redis_url_wins_over_settings(real_client, redis_url, listener):
+    """A URL given beside settings is the one used (settings carry the other knobs)."""
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", dedupe_window=0)
+    with TransactionProducer("order_group", listener, redis_url=redis_url, settings=settings) as producer:
+        assert producer.settings.redis_url == redis_url and producer.settings.dedupe_window == 0
+        assert producer.send_message_in_transaction(Message("orders", b"x"), COMMIT).committed_id
+    assert real_client.xlen("orders") == 1
