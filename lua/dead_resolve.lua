@@ -73,12 +73,6 @@ if action == 'RECHECK' then
   return {'OK', 'PREPARED', half_id, '', 'APPLIED'}
 end
 
-local committed_id = ''
-if action == 'COMMIT' then
-  committed_id = redis.call('XADD', topic_stream, '*', unpack(committed_fields(dead)))
-end
-redis.call('XADD', op_stream, 'MAXLEN', '~', op_maxlen, '*',
-  'transaction_id', txid, 'outcome', action, 'half_id', dead['half_id'] or '', 'committed_id', committed_id,
-  'source', 'operator', 'remark', remark)
-remember_outcome(txid, action, committed_id, dead['half_id'] or '-', dead['producer_group'], now, window_ms)
-return {'OK', action, dead['half_id'] or '', committed_id, 'APPLIED'}
+local half_id = dead['half_id'] or '-'
+local committed_id = apply_outcome(txid, action, dead, half_id, 'operator', remark, now, window_ms, op_maxlen)
+return {'OK', action, half_id, committed_id, 'APPLIED'}

@@ -66,13 +66,6 @@ if outcome == 'UNKNOWN' then
   return {'OK', 'PREPARED', half_id, '', 'RECORDED'}
 end
 
-local committed_id = ''
-if outcome == 'COMMIT' then
-  committed_id = redis.call('XADD', topic_stream, '*', unpack(committed_fields(half)))
-end
-redis.call('XADD', op_stream, 'MAXLEN', '~', op_maxlen, '*',
-  'transaction_id', txid, 'outcome', outcome, 'half_id', half_id, 'committed_id', committed_id,
-  'source', source, 'remark', remark)
 retire(txid, half_id)
-remember_outcome(txid, outcome, committed_id, half_id, group, now, window_ms)
+local committed_id = apply_outcome(txid, outcome, half, half_id, source, remark, now, window_ms, op_maxlen)
 return {'OK', outcome, half_id, committed_id, 'APPLIED'}

@@ -87,6 +87,21 @@ local function committed_fields(half)
   return fields
 end
 
+-- Apply an outcome: on COMMIT append the message to the topic stream; in every case write the op record and
+-- remember the outcome for the dedupe window. One call of the calling script: no crash can split these steps.
+-- Returns the committed entry id, or '' for ROLLBACK.
+local function apply_outcome(txid, outcome, half, half_id, source, remark, now, window_ms, op_maxlen)
+  local committed_id = ''
+  if outcome == 'COMMIT' then
+    committed_id = redis.call('XADD', topic_stream, '*', unpack(committed_fields(half)))
+  end
+  redis.call('XADD', op_stream, 'MAXLEN', '~', op_maxlen, '*',
+    'transaction_id', txid, 'outcome', outcome, 'half_id', half_id, 'committed_id', committed_id,
+    'source', source, 'remark', remark)
+  remember_outcome(txid, outcome, committed_id, half_id, half['producer_group'], now, window_ms)
+  return committed_id
+end
+
 -- Move a transaction, whole, to the dead-letter stream with why; nothing is dropped without a record.
 -- `fields` is the half message's flat field list (as stored), kept unchanged in front of the dead_* fields.
 local function bury(txid, half_id, fields, reason, check_times, now)
