@@ -14,10 +14,10 @@ import threading
 import time
 
 import redis
+from common import run_and_print
 
 from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
-from redis_txmq.embedded import EmbeddedRedis
 
 
 class Answer(TransactionListener):
@@ -70,13 +70,7 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=10_000)
     parser.add_argument("--check-threads", type=int, default=1)
     options = parser.parse_args()
-    if options.redis_url:
-        result = measure(options.redis_url, options.in_flight, options.check_threads)
-    else:
-        with EmbeddedRedis() as server:
-            result = measure(server.url, options.in_flight, options.check_threads)
-    for name, value in result.items():
-        print(f"{name:>16}: {value:,.2f}")
+    run_and_print(measure, options.redis_url, in_flight=options.in_flight, check_threads=options.check_threads)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ import statistics
 import time
 
 import redis
+from common import run_and_print
 
 from redis_txmq import LocalTransactionState, Message, TransactionListener, TransactionProducer
-from redis_txmq.embedded import EmbeddedRedis
 
 
 class CommitAll(TransactionListener):
@@ -73,13 +73,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--per-round", type=int, default=200)
     options = parser.parse_args()
-    if options.redis_url:
-        result = measure(options.redis_url, options.rounds, options.per_round)
-    else:
-        with EmbeddedRedis() as server:
-            result = measure(server.url, options.rounds, options.per_round)
-    for name, value in result.items():
-        print(f"{name:>14}: {value:,.2f}")
+    run_and_print(measure, options.redis_url, rounds=options.rounds, per_round=options.per_round)
 
 
 if __name__ == "__main__":
