@@ -16,12 +16,13 @@ from .config import Settings
 from .errors import ConfigurationError
 
 
-def connect(redis_url: str, *, cluster: bool = False) -> Any:
-    """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://`` or ``unix://`` URLs."""
+def connect(redis_url: str, *, cluster: bool = False, **kwargs: Any) -> Any:
+    """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://`` or ``unix://`` URLs;
+    ``kwargs`` (a password, timeouts...) override what the URL says."""
     try:
         if cluster:
-            return RedisCluster.from_url(redis_url)
-        return redis.Redis.from_url(redis_url)
+            return RedisCluster.from_url(redis_url, **kwargs)
+        return redis.Redis.from_url(redis_url, **kwargs)
     except ValueError as exc:
         raise ConfigurationError(f"invalid Redis URL {redact_url(redis_url)!r}: {exc}") from None
 

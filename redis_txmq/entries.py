@@ -90,13 +90,13 @@ def message_from_fields(fields: dict[str, bytes], where: str) -> Message:
         body=fields[BODY],
         keys=keys or None,
         tags=text(fields.get(TAGS)),
-        properties=_decode_properties(fields.get(PROPERTIES), where) or None,
+        properties=decode_properties(fields.get(PROPERTIES), where) or None,
         check_immunity_seconds=immunity_seconds,
         transaction_id=text(fields[TRANSACTION_ID]),
     )
 
 
-def _decode_properties(raw: bytes | None, entry_id: str) -> dict[str, str]:
+def decode_properties(raw: bytes | None, entry_id: str) -> dict[str, str]:
     if not raw:
         return {}
     try:
@@ -145,7 +145,7 @@ def decode_topic_entry(
         transaction_id=text(values.get(TRANSACTION_ID)),
         keys=keys.split() if keys else [],
         tags=text(values.get(TAGS)),
-        properties=_decode_properties(values.get(PROPERTIES), eid),
+        properties=decode_properties(values.get(PROPERTIES), eid),
         delivery_count=delivery_count,
     )
 

@@ -71,3 +71,6 @@ def client(request: pytest.FixtureRequest) -> redis.Redis:
     if request.param == "fakeredis":
         return request.getfixturevalue("fake_client")
     return request.getfixturevalue("real_client")
+
+
+from .spark_session import spark  # noqa: E402,F401 - the session-wide SparkSession fixture

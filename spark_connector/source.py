@@ -1,0 +1,297 @@
+"""The ``redis-txmq`` PySpark data source: committed topic streams, batch and Structured Streaming.
+
+Reads are plain XRANGE over ``(start, end]`` of each topic stream: deterministic and replayable, so a query
+restarted from its checkpoint neither skips nor repeats an entry. No consumer group is used: its position would
+be shared mutable state outside Spark's checkpoint. Only topic streams are read (never half, op or dead-letter
+streams). Redis clients are made inside ``read()`` on the executors; the driver only reads stream metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from redis_txmq import entries
+from redis_txmq.keys import TopicKeys
+from redis_txmq.scripts import script_source
+
+from .offsets import EARLIEST, LATEST, START_ID, earlier, ms_upper_bound, parse_entry_id
+from .options import ConnectorOptions, SparkSourceError, parse_options
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = (
+    "topic string, partition int, id string, timestamp timestamp, transaction_id string, keys string, "
+    "tags string, body binary, properties map<string,string>"
+)
+SPLIT_ENTRIES = 100_000
+"""A batch read splits a topic partition into entry-id ranges of about this many entries, so all cores work."""
+MAX_SPLITS = 64
+
+
+@dataclass(frozen=True)
+class TopicPartition:
+    topic: str
+    partition: int
+    stream: str
+
+
+class StreamRange(InputPartition):
+    """Entries of one topic partition in ``(start, end]``; ``first`` marks the range that checks for data loss."""
+
+    def __init__(self, part: TopicPartition, start: str, end: str, first: bool) -> None:
+        super().__init__((part.stream, start, end))
+        self.part = part
+        self.start = start
+        self.end = end
+        self.first = first
+
+
+class RedisTxmqDataSource(DataSource):
+    """``spark.read.format("redis-txmq")`` / ``spark.readStream.format("redis-txmq")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "redis-txmq"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(parse_options(self.options, streaming=True))
+
+
+def topic_partitions(client: Any, options: ConnectorOptions) -> list[TopicPartition]:
+    """Every partition of every topic; a topic without a stream is an error naming it."""
+    parts = []
+    for topic in options.topics:
+        stream = TopicKeys(topic).topic_stream
+        if not client.exists(stream):
+            raise SparkSourceError(f"topic {topic!r} not found: no stream {stream!r} at {options.safe_url}")
+        parts.append(TopicPartition(topic, 0, stream))
+    return parts
+
+
+def last_id(client: Any, stream: str) -> str:
+    """The id of the newest entry ever added (``0-0`` for an empty stream)."""
+    return entries.text(client.xinfo_stream(stream)["last-generated-id"]) or START_ID
+
+
+def _given(offsets: Any, part: TopicPartition) -> str | None:
+    if isinstance(offsets, dict):
+        value = offsets.get(part.topic, {}).get(str(part.partition))
+        return None if value is None else str(value)
+    return str(offsets)
+
+
+def _row(part: TopicPartition, entry_id: Any, raw: Any) -> tuple[Any, ...]:
+    fields = entries.field_map(raw)
+    eid = entries.text(entry_id) or ""
+    ms = parse_entry_id(eid)[0]
+    keys = entries.text(fields.get(entries.KEYS))
+    properties = fields.get(entries.PROPERTIES)
+    return (
+        part.topic,
+        part.partition,
+        eid,
+        datetime.fromtimestamp(ms / 1000, tz=timezone.utc),
+        entries.text(fields.get(entries.TRANSACTION_ID)),
+        keys,
+        entries.text(fields.get(entries.TAGS)),
+        fields.get(entries.BODY),
+        entries.decode_properties(properties, eid) if properties else {},
+    )
+
+
+def read_range(options: ConnectorOptions, partition: StreamRange) -> Iterator[tuple[Any, ...]]:
+    """The rows of ``(start, end]``, XRANGE by XRANGE; runs on an executor, with its own client."""
+    client = options.client()
+    try:
+        part = partition.part
+        if partition.first and partition.start != START_ID:
+            _check_data_loss(client, options, part, partition.start)
+        cursor = partition.start
+        while True:
+            batch = client.xrange(part.stream, f"({cursor}", partition.end, count=options.read_batch_size)
+            for entry_id, raw in batch:
+                yield _row(part, entry_id, raw)
+            if len(batch) < options.read_batch_size:
+                return
+            cursor = entries.text(batch[-1][0]) or cursor
+    finally:
+        client.close()
+
+
+def _check_data_loss(client: Any, options: ConnectorOptions, part: TopicPartition, start: str) -> None:
+    """Entries after ``start`` that were trimmed or deleted before this read are lost to it."""
+    deleted = entries.text(client.xinfo_stream(part.stream).get("max-deleted-entry-id")) or START_ID
+    if parse_entry_id(deleted) <= parse_entry_id(start):
+        return
+    message = (
+        f"topic {part.topic!r} partition {part.partition}: entries after {start} were trimmed or deleted "
+        f"before they were read (up to {deleted})"
+    )
+    if options.fail_on_data_loss:
+        raise SparkSourceError(message + "; set failOnDataLoss=false to go on with what is left")
+    logger.warning("%s; going on (failOnDataLoss=false)", message)
+
+
+def split_range(part: TopicPartition, start: str, end: str, entry_count: int) -> list[StreamRange]:
+    """``(start, end]`` cut at millisecond boundaries into about ``entry_count / SPLIT_ENTRIES`` ranges."""
+    pieces = max(1, min(MAX_SPLITS, -(-entry_count // SPLIT_ENTRIES)))
+    first_ms, last_ms = parse_entry_id(start)[0], parse_entry_id(end)[0]
+    bounds = [start]
+    step = (last_ms - first_ms) / pieces
+    for i in range(1, pieces):
+        bound_ms = int(first_ms + step * i)
+        if bound_ms > parse_entry_id(bounds[-1])[0]:
+            bounds.append(ms_upper_bound(bound_ms))
+    bounds.append(end)
+    return [StreamRange(part, bounds[i], bounds[i + 1], first=i == 0) for i in range(len(bounds) - 1)]
+
+
+class BatchReader(DataSourceReader):
+    """Plans ranges on the driver from stream metadata; executors read them."""
+
+    def __init__(self, options: ConnectorOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        client = self.options.client()
+        try:
+            ranges: list[InputPartition] = []
+            for part in topic_partitions(client, self.options):
+                newest = last_id(client, part.stream)
+                start = _given(self.options.starting_offsets, part) or EARLIEST
+                start = START_ID if start == EARLIEST else newest if start == LATEST else start
+                end = _given(self.options.ending_offsets, part) or LATEST
+                end = newest if end == LATEST else earlier(end, newest)
+                if parse_entry_id(start) < parse_entry_id(end):
+                    ranges.extend(split_range(part, start, end, int(client.xlen(part.stream))))
+            return ranges
+        finally:
+            client.close()
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, StreamRange)
+        return read_range(self.options, partition)
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are the last entry id read per topic partition. ``startingOffsets=latest`` is resolved by the first
+    micro-batch's end offset, which Spark writes to its offset log before running it: a query that dies before
+    its first batch commits restarts from that same position instead of a later "latest"."""
+
+    def __init__(self, options: ConnectorOptions) -> None:
+        self.options = options
+        self._client: Any = None
+        self._target: dict[str, dict[str, str]] | None = None
+        self._advance: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled to the executors for read(): without the driver's connection."""
+        return {**self.__dict__, "_client": None, "_advance": None}
+
+    def _redis(self) -> Any:
+        if self._client is None:
+            self._client = self.options.client()
+            self._advance = self._client.register_script(script_source("stream_advance"))
+        return self._client
+
+    def initialOffset(self) -> dict:
+        offsets: dict[str, dict[str, str]] = {}
+        for part in topic_partitions(self._redis(), self.options):
+            given = _given(self.options.starting_offsets, part) or EARLIEST
+            offsets.setdefault(part.topic, {})[str(part.partition)] = START_ID if given == EARLIEST else given
+        return offsets
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_entries_per_trigger:
+            return ReadMaxRows(self.options.max_entries_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        client = self._redis()
+        self._target = {}
+        for part in topic_partitions(client, self.options):
+            self._target.setdefault(part.topic, {})[str(part.partition)] = last_id(client, part.stream)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        client = self._redis()
+        heads: dict[tuple[str, str], tuple[str, str]] = {}
+        end: dict[str, dict[str, str]] = {}
+        for part in topic_partitions(client, self.options):
+            key = (part.topic, str(part.partition))
+            begin = start.get(part.topic, {}).get(key[1], START_ID)
+            newest = last_id(client, part.stream)
+            if self._target is not None:
+                newest = self._target.get(part.topic, {}).get(key[1], newest)
+            if begin == LATEST:  # the first batch pins "latest" to an entry id
+                end.setdefault(part.topic, {})[key[1]] = newest
+                continue
+            end.setdefault(part.topic, {})[key[1]] = begin
+            if parse_entry_id(begin) < parse_entry_id(newest):
+                heads[key] = (begin, newest)
+        max_rows = getattr(limit, "max_rows", None)
+        if isinstance(limit, ReadMaxRows) and max_rows:
+            self._advance_within(heads, int(max_rows), end)
+        else:
+            for (topic, partition), (_, newest) in heads.items():
+                end[topic][partition] = newest
+        return end
+
+    def _advance_within(
+        self, heads: dict[tuple[str, str], tuple[str, str]], budget: int, end: dict[str, dict[str, str]]
+    ) -> None:
+        """Share ``budget`` entries between the partitions with new data, evenly, then hand out what is left."""
+        position = {key: begin for key, (begin, _) in heads.items()}
+        pending = dict(heads)
+        while budget > 0 and pending:
+            share = max(1, budget // len(pending))
+            for key, (_, newest) in list(pending.items()):
+                asked = min(share, budget)
+                if asked <= 0:
+                    break
+                counted, reached = self._advance(
+                    keys=[TopicKeys(key[0]).topic_stream], args=[position[key], newest, asked]
+                )
+                budget -= int(counted)
+                if int(counted):
+                    position[key] = entries.text(reached) or position[key]
+                if int(counted) < asked:  # this partition has nothing more up to its head
+                    del pending[key]
+        for (topic, partition), reached in position.items():
+            end[topic][partition] = reached
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        ranges: list[InputPartition] = []
+        for topic, partitions in end.items():
+            for partition, stop in partitions.items():
+                begin = start.get(topic, {}).get(partition, START_ID)
+                if begin == LATEST or parse_entry_id(begin) >= parse_entry_id(stop):
+                    continue
+                part = TopicPartition(topic, int(partition), TopicKeys(topic).topic_stream)
+                ranges.append(StreamRange(part, begin, stop, first=True))
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, StreamRange)
+        return read_range(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: reads never change Redis."""
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
