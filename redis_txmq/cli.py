@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -76,6 +79,39 @@ def version() -> None:
     click.echo(f"redis-txmq {__version__}")
 
 
+def _spark_read(redis_url: str) -> None:
+    """Read what the demo committed with the Spark source, when the spark extra and Java are there."""
+    if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
+        console.print("(install the spark extra, with Java 17, to see the Spark read of the topic)")
+        return
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    import spark_connector
+
+    console.print("Spark reads the committed 'orders' stream (format redis-txmq, local[2])...")
+    spark = (
+        SparkSession.builder.master("local[2]").appName("txmq-demo").config("spark.ui.enabled", "false").getOrCreate()
+    )
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        spark_connector.register(spark)
+        orders = spark.read.format("redis-txmq").option("redis.url", redis_url).option("topics", "orders").load()
+        parsed = orders.select(
+            "id", "keys", F.get_json_object(F.col("body").cast("string"), "$.amount").alias("amount")
+        )
+        table = Table(title="spark.read.format('redis-txmq') of 'orders'")
+        for column in ("entry id", "keys", "amount"):
+            table.add_column(column)
+        for row in parsed.orderBy("id").collect():
+            table.add_row(row.id, row["keys"], row.amount)
+        console.print(table)
+    finally:
+        spark.stop()
+
+
 def _run_checker(redis_url: str, settings: Settings, stop: threading.Event) -> None:
     from checker import Checker
 
@@ -89,7 +125,8 @@ def _run_checker(redis_url: str, settings: Settings, stop: threading.Event) -> N
     default=None,
     help="Redis to use; without it the demo starts its own (redis-server, else fakeredis).",
 )
-def demo(redis_url: str | None) -> None:
+@click.option("--spark/--no-spark", default=True, help="End with a Spark read (when the spark extra is installed).")
+def demo(redis_url: str | None, spark: bool) -> None:
     """Run the order-service story: commits, rollbacks, a check-back, a consumer reading what was committed."""
     from .demo import run_demo
     from .embedded import EmbeddedRedis
@@ -103,6 +140,8 @@ def demo(redis_url: str | None) -> None:
         console.print(f"[bold]Redis[/] at {redact_url(redis_url)}")
     try:
         outcome = run_demo(redis_url, console, run_checker=_run_checker)
+        if outcome.ok and spark:
+            _spark_read(redis_url)
     finally:
         if embedded is not None:
             embedded.stop()

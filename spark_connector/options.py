@@ -27,6 +27,7 @@ KNOWN_OPTIONS = {
     "endingoffsets": "batch only: latest | JSON {topic: {partition: entry id}}",
     "maxentriespertrigger": "streaming: at most this many entries per micro-batch",
     "readbatchsize": "entries per XRANGE call, default 1000",
+    "minpartitions": "batch: at least this many Spark partitions (ranges of entry ids), default 1",
     "failondataloss": "true (default): fail when entries were trimmed before they were read; false: warn",
 }
 
@@ -46,6 +47,7 @@ class ConnectorOptions:
     max_entries_per_trigger: int | None = None
     read_batch_size: int = 1000
     fail_on_data_loss: bool = True
+    min_partitions: int = 1
 
     def __repr__(self) -> str:
         return (
@@ -75,12 +77,14 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> ConnectorOptio
     for topic in topics:
         try:
             validate_name(topic, "topic")
-        except ConfigurationError as exc:
+        except ValueError as exc:
             raise SparkSourceError(f"option 'topics': {exc}") from None
     if streaming and "endingoffsets" in given:
         raise SparkSourceError("option 'endingOffsets' is for batch reads only; a stream has no end")
     if not streaming and "maxentriespertrigger" in given:
         raise SparkSourceError("option 'maxEntriesPerTrigger' is for streaming reads only")
+    if streaming and "minpartitions" in given:
+        raise SparkSourceError("option 'minPartitions' is for batch reads only")
     starting = _offsets_option(
         given.get("startingoffsets", EARLIEST), "startingOffsets", topics, allowed=(EARLIEST, LATEST)
     )
@@ -95,6 +99,7 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> ConnectorOptio
         max_entries_per_trigger=_positive_int(given, "maxentriespertrigger", "maxEntriesPerTrigger"),
         read_batch_size=_positive_int(given, "readbatchsize", "readBatchSize") or 1000,
         fail_on_data_loss=_bool(given, "failondataloss", True),
+        min_partitions=_positive_int(given, "minpartitions", "minPartitions") or 1,
     )
 
 

@@ -44,14 +44,28 @@ class TopicPartition:
 
 
 class StreamRange(InputPartition):
-    """Entries of one topic partition in ``(start, end]``; ``first`` marks the range that checks for data loss."""
+    """Entries of one topic partition in ``(start, end]``; ``first`` marks the range that checks for data loss.
+
+    Everything lives in ``value``: Spark may hand ``read()`` a plain InputPartition rebuilt from it."""
 
     def __init__(self, part: TopicPartition, start: str, end: str, first: bool) -> None:
-        super().__init__((part.stream, start, end))
-        self.part = part
-        self.start = start
-        self.end = end
-        self.first = first
+        super().__init__((part.topic, part.partition, part.stream, start, end, first))
+
+    @property
+    def part(self) -> TopicPartition:
+        return TopicPartition(*self.value[:3])
+
+    @staticmethod
+    def of(partition: InputPartition) -> StreamRange | None:
+        """None for the empty partition Spark reads when :meth:`partitions` planned nothing."""
+        if partition is None or partition.value is None:
+            return None
+        topic, number, stream, start, end, first = partition.value
+        return StreamRange(TopicPartition(topic, number, stream), start, end, first)
+
+    start = property(lambda self: self.value[3])
+    end = property(lambda self: self.value[4])
+    first = property(lambda self: self.value[5])
 
 
 class RedisTxmqDataSource(DataSource):
@@ -113,8 +127,10 @@ def _row(part: TopicPartition, entry_id: Any, raw: Any) -> tuple[Any, ...]:
     )
 
 
-def read_range(options: ConnectorOptions, partition: StreamRange) -> Iterator[tuple[Any, ...]]:
+def read_range(options: ConnectorOptions, partition: StreamRange | None) -> Iterator[tuple[Any, ...]]:
     """The rows of ``(start, end]``, XRANGE by XRANGE; runs on an executor, with its own client."""
+    if partition is None:
+        return
     client = options.client()
     try:
         part = partition.part
@@ -133,22 +149,36 @@ def read_range(options: ConnectorOptions, partition: StreamRange) -> Iterator[tu
 
 
 def _check_data_loss(client: Any, options: ConnectorOptions, part: TopicPartition, start: str) -> None:
-    """Entries after ``start`` that were trimmed or deleted before this read are lost to it."""
-    deleted = entries.text(client.xinfo_stream(part.stream).get("max-deleted-entry-id")) or START_ID
-    if parse_entry_id(deleted) <= parse_entry_id(start):
+    """Fail (or warn) when entries after ``start`` may have been removed before this read.
+
+    XDEL is exact (``max-deleted-entry-id``). Trimming only removes the oldest entries, so it is seen when the
+    stream lost entries and no longer holds ``start`` itself while its first entry is later: the entries between
+    may be gone (Kafka's "offset out of range"; a reader trimmed exactly at its position is reported too)."""
+    info = client.xinfo_stream(part.stream)
+    position = parse_entry_id(start)
+    deleted = entries.text(info.get("max-deleted-entry-id")) or START_ID
+    lost_to = deleted if parse_entry_id(deleted) > position else None
+    first = info.get("first-entry")
+    first_id = entries.text(first[0]) if first else None
+    removed = int(info.get("entries-added", 0)) > int(info.get("length", 0))
+    if lost_to is None and removed and first_id and parse_entry_id(first_id) > position:
+        if not client.xrange(part.stream, start, start):
+            lost_to = first_id
+    if lost_to is None:
         return
     message = (
         f"topic {part.topic!r} partition {part.partition}: entries after {start} were trimmed or deleted "
-        f"before they were read (up to {deleted})"
+        f"before they were read (up to {lost_to})"
     )
     if options.fail_on_data_loss:
         raise SparkSourceError(message + "; set failOnDataLoss=false to go on with what is left")
     logger.warning("%s; going on (failOnDataLoss=false)", message)
 
 
-def split_range(part: TopicPartition, start: str, end: str, entry_count: int) -> list[StreamRange]:
-    """``(start, end]`` cut at millisecond boundaries into about ``entry_count / SPLIT_ENTRIES`` ranges."""
-    pieces = max(1, min(MAX_SPLITS, -(-entry_count // SPLIT_ENTRIES)))
+def split_range(part: TopicPartition, start: str, end: str, entry_count: int, min_pieces: int = 1) -> list[StreamRange]:
+    """``(start, end]`` cut at millisecond boundaries into about ``entry_count / SPLIT_ENTRIES`` ranges (at least
+    ``min_pieces`` when the range spans enough milliseconds)."""
+    pieces = max(1, min_pieces, min(MAX_SPLITS, -(-entry_count // SPLIT_ENTRIES)))
     first_ms, last_ms = parse_entry_id(start)[0], parse_entry_id(end)[0]
     bounds = [start]
     step = (last_ms - first_ms) / pieces
@@ -170,21 +200,22 @@ class BatchReader(DataSourceReader):
         client = self.options.client()
         try:
             ranges: list[InputPartition] = []
-            for part in topic_partitions(client, self.options):
+            parts = topic_partitions(client, self.options)
+            min_pieces = -(-self.options.min_partitions // len(parts))
+            for part in parts:
                 newest = last_id(client, part.stream)
                 start = _given(self.options.starting_offsets, part) or EARLIEST
                 start = START_ID if start == EARLIEST else newest if start == LATEST else start
                 end = _given(self.options.ending_offsets, part) or LATEST
                 end = newest if end == LATEST else earlier(end, newest)
                 if parse_entry_id(start) < parse_entry_id(end):
-                    ranges.extend(split_range(part, start, end, int(client.xlen(part.stream))))
+                    ranges.extend(split_range(part, start, end, int(client.xlen(part.stream)), min_pieces))
             return ranges
         finally:
             client.close()
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, StreamRange)
-        return read_range(self.options, partition)
+        return read_range(self.options, StreamRange.of(partition))
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -285,8 +316,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, StreamRange)
-        return read_range(self.options, partition)
+        return read_range(self.options, StreamRange.of(partition))
 
     def commit(self, end: dict) -> None:
         """Nothing to release: reads never change Redis."""

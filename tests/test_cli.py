@@ -23,10 +23,11 @@ def test_demo_on_embedded_default():
     assert "Embedded Redis (redis-server)" in result.output
     assert "orders [1, 3, 5, 6] committed and consumed once each" in result.output
     assert "check-back: order 6 committed" in result.output
+    assert "spark.read.format('redis-txmq') of" in result.output and "order-6" in result.output
 
 
 def test_demo_on_given_redis_leaves_committed_orders(real_client, redis_url):
-    result = CliRunner().invoke(main, ["demo", "--redis-url", redis_url])
+    result = CliRunner().invoke(main, ["demo", "--no-spark", "--redis-url", redis_url])
     assert result.exit_code == 0, result.output
     keys = [fields[b"keys"] for _, fields in real_client.xrange("orders")]
     assert keys == [b"order-1", b"order-3", b"order-5", b"order-6"]
@@ -45,6 +46,6 @@ def test_fakeredis_fallback_runs_the_scripts():
 
 
 def test_consumer_from_url_reads_demo_data(real_client, redis_url):
-    CliRunner().invoke(main, ["demo", "--redis-url", redis_url])
+    CliRunner().invoke(main, ["demo", "--no-spark", "--redis-url", redis_url])
     with Consumer("orders", "analytics", redis_url=redis_url, block=0.05) as consumer:
         assert len(consumer.poll()) == 4
