@@ -253,3 +253,21 @@ def test_password_option_is_used_and_redacted(spark, real_client, redis_url, cap
 
 def test_start_id_constant_is_the_empty_stream_position():
     assert parse_entry_id(START_ID) == (0, 0)
+
+
+def test_example_pipeline_counts_committed_orders_per_minute(spark, real_client, redis_url):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "order_events_job.py"
+    spec = importlib.util.spec_from_file_location("order_events_job", path)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    send(
+        real_client, "orders", [json.dumps({"order_id": i, "amount": 10.5, "customer": "c"}).encode() for i in range(3)]
+    )
+    send(real_client, "orders", [json.dumps({"order_id": 9, "amount": 99.0, "customer": "x"}).encode()], ROLLBACK)
+    orders = job.parse(read(spark, redis_url, "orders"))
+    assert sorted(r.order_id for r in orders.collect()) == [0, 1, 2]
+    summary = job.per_minute(orders).collect()
+    assert sum(r.orders for r in summary) == 3 and sum(r.revenue for r in summary) == 31.5
