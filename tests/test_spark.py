@@ -230,8 +230,11 @@ def test_batch_only_and_stream_only_options():
         parse_options({"topics": "t", "maxEntriesPerTrigger": "5"}, streaming=False)
 
 
-def test_missing_topic_and_errors_without_password(spark, real_client, redis_url):
+def test_missing_topic_and_errors_without_password(spark, real_client, redis_url, capsys):
     secret_url = redis_url.replace("redis://", "redis://user:s3cret-pw@")
+    send(real_client, "orders", [b"x"])
+    read(spark, secret_url, "orders").explain(extended=True)
+    assert "s3cret-pw" not in capsys.readouterr().out
     with pytest.raises(Exception, match="topic 'nowhere' not found") as raised:
         read(spark, redis_url, "nowhere").collect()
     with pytest.raises(Exception) as raised:
