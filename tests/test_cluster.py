@@ -1,0 +1,127 @@
+"""The same guarantees on a 3-master Redis Cluster: every key a script touches is in one hash slot."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from redis.cluster import RedisCluster
+
+from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
+from redis_txmq.cli import main
+from redis_txmq.keys import TopicKeys
+
+from .helpers import wait_until
+
+COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
+TOPICS = [f"cluster-topic-{i}" for i in range(12)]
+
+
+class Knows(TransactionListener):
+    def __init__(self, committed: set[str]) -> None:
+        self.committed = committed
+
+    def execute_local_transaction(self, message, arg):
+        return arg
+
+    def check_local_transaction(self, message):
+        return COMMIT if message.transaction_id in self.committed else ROLLBACK
+
+
+@pytest.fixture
+def cluster(cluster_url):
+    client = RedisCluster.from_url(cluster_url)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    client.close()
+
+
+def test_topics_spread_over_the_slots_of_every_master(cluster):
+    slots = {cluster.keyslot(t) for t in TOPICS}
+    owners = {cluster.get_node_from_key(t).name for t in TOPICS}
+    assert len(slots) == len(TOPICS) and len(owners) == 3
+    for topic in TOPICS:
+        assert {cluster.keyslot(k) for k in TopicKeys(topic).script_keys()} == {cluster.keyslot(topic)}
+
+
+def test_commit_rollback_and_check_back_through_txmq_checker_cluster(cluster, cluster_url):
+    settings = Settings(heartbeat_interval=0.5, cluster=True)
+    committed: set[str] = set()
+    listener = Knows(committed)
+    rolled_back = []
+    with TransactionProducer("cluster_group", listener, client=cluster, settings=settings) as producer:
+        for topic in TOPICS:
+            committed.add(producer.send_message_in_transaction(Message(topic, b"commit"), COMMIT).transaction_id)
+            rolled_back.append(producer.send_message_in_transaction(Message(topic, b"rollback"), ROLLBACK))
+            unknown = producer.send_message_in_transaction(Message(topic, b"checked"), UNKNOWN)
+            committed.add(unknown.transaction_id)
+            rolled_back.append(producer.send_message_in_transaction(Message(topic, b"checked-out"), UNKNOWN))
+        checker = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "txmq"),
+                "checker",
+                "--cluster",
+                "--redis-url",
+                cluster_url,
+                "--transaction-timeout",
+                "0.5",
+                "--check-interval",
+                "1",
+            ],
+            env=os.environ | {"TXMQ_HEARTBEAT_INTERVAL": "0.5"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            wait_until(lambda: all(cluster.hlen(TopicKeys(t).inflight) == 0 for t in TOPICS), timeout=60)
+        finally:
+            checker.send_signal(signal.SIGTERM)
+            assert checker.wait(15) == 0, checker.stderr.read().decode()[-2000:]
+    seen = collections.Counter(
+        fields[b"transaction_id"].decode() for topic in TOPICS for _, fields in cluster.xrange(topic)
+    )
+    assert seen == {t: 1 for t in committed}
+    for topic in TOPICS:
+        assert sorted(f[b"body"] for _, f in cluster.xrange(topic)) == [b"checked", b"commit"]
+    report = json.loads(CliRunner().invoke(main, ["status", "--cluster", "--json", "--redis-url", cluster_url]).output)
+    assert {t["topic"]: (t["committed"], t["in_flight"]) for t in report["topics"]} == {t: (2, 0) for t in TOPICS}
+
+
+def test_consumer_and_dead_letters_on_cluster(cluster, cluster_url):
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1, heartbeat_interval=0.5, cluster=True)
+    with TransactionProducer("cluster_dead", Knows(set()), client=cluster, settings=settings) as producer:
+        kept = producer.send_message_in_transaction(Message(TOPICS[0], b"kept"), COMMIT)
+        lost = producer.send_message_in_transaction(Message(TOPICS[1], b"lost"), UNKNOWN)
+    from checker import Checker
+
+    checker = Checker(cluster, settings)
+    wait_until(lambda: checker.run_round() and cluster.xlen(TopicKeys(TOPICS[1]).dead_stream) == 1)
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(main, ["dead", "list", "--cluster", "--json", "--redis-url", cluster_url]).output)
+    assert [row["transaction_id"] for row in listed] == [lost.transaction_id]
+    out = runner.invoke(main, ["dead", "commit", lost.transaction_id, "--cluster", "--redis-url", cluster_url])
+    assert out.exit_code == 0, out.output
+    with Consumer(TOPICS[1], "billing", client=cluster, block=0.05) as consumer:
+        assert [m.body for m in consumer.poll()] == [b"lost"]
+    with Consumer(TOPICS[0], "billing", client=cluster, block=0.05) as consumer:
+        (message,) = consumer.poll()
+        assert message.transaction_id == kept.transaction_id
+        consumer.ack(message)
+
+
+def test_spark_reads_topics_on_every_master(cluster, cluster_url, spark):
+    with TransactionProducer("cluster_spark", Knows(set()), client=cluster,
+                             settings=Settings(heartbeat_interval=0.5, cluster=True)) as producer:
+        for topic in TOPICS:
+            producer.send_message_in_transaction(Message(topic, topic.encode()), COMMIT)
+            producer.send_message_in_transaction(Message(topic, b"never"), ROLLBACK)
+    df = (spark.read.format("redis-txmq").option("redis.url", cluster_url).option("redis.cluster", "true")
+          .option("topics", ",".join(TOPICS)).load())
+    assert sorted(bytes(r.body).decode() for r in df.collect()) == sorted(TOPICS)
