@@ -25,6 +25,7 @@ from .errors import (
 from .listener import TransactionListener
 from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult
 from .producer import TransactionProducer
+from .topics import create_topic, partition_count
 
 __version__ = "0.1.0"
 
@@ -56,4 +57,6 @@ __all__ = [
     "TxMQConnectionError",
     "TxMQError",
     "__version__",
+    "create_topic",
+    "partition_count",
 ]

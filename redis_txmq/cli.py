@@ -56,7 +56,7 @@ def _fail_cleanly(action: Callable[[], None]) -> None:
     try:
         action()
     except TxMQError as exc:
-        console.print(f"[red]error[/]: {exc}")
+        console.print(f"[red]error[/]: {exc}", soft_wrap=True, highlight=False)
         sys.exit(1)
 
 
@@ -346,3 +346,32 @@ def _dead_action(name: str, help_text: str) -> None:
 _dead_action("commit", "Commit a dead-lettered transaction: its message is appended to the topic once.")
 _dead_action("rollback", "Roll back a dead-lettered transaction: its message is dropped, with an op record.")
 _dead_action("recheck", "Put a dead-lettered transaction back in flight, check count reset, checked right away.")
+
+
+@main.group()
+def topic() -> None:
+    """Topics and their partitions."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 1024),
+    default=1,
+    show_default=True,
+    help="Partitions: streams in their own hash slots; one key keeps its order within one.",
+)
+@redis_url_option
+@cluster_option
+def topic_create(name: str, partitions: int, redis_url: str | None, cluster: bool | None) -> None:
+    """Create a topic with N partitions, before anything is sent to it (idempotent for the same N)."""
+    from .topics import create_topic
+
+    settings = _settings(redis_url=redis_url, cluster=cluster)
+
+    def create() -> None:
+        count = create_topic(_client(settings), name, partitions)
+        console.print(f"topic {name}: {count} partition{'s' if count > 1 else ''}", highlight=False)
+
+    _fail_cleanly(create)

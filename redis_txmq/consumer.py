@@ -23,6 +23,7 @@ from .groups import ensure_consumer_group
 from .keys import TopicKeys
 from .message import validate_name
 from .scripts import CONSUMER_PRELUDE, preload, register_script
+from .topics import partition_keys
 
 logger = logging.getLogger(__name__)
 
@@ -60,85 +61,109 @@ class Consumer:
         if block < 0 or min_idle_time <= 0 or max_deliveries < 1:
             raise ConfigurationError(f"topic {topic!r}: need block >= 0, min_idle_time > 0 and max_deliveries >= 1")
         self.topic = topic
-        self.keys = TopicKeys(topic)
         self.consumer_name = consumer_name or instance_id("consumer")
         self.batch_size = batch_size
         self.block = block
         self.min_idle_time = min_idle_time
         self.max_deliveries = max_deliveries
         self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings)
+        self.partitions = partition_keys(self.client, topic)
+        self._by_stream = {keys.topic_stream: keys for keys in self.partitions}
         self._claim = register_script(self.client, "consumer_claim", CONSUMER_PRELUDE)
         self._dead_letter = register_script(self.client, "consumer_dead_letter", CONSUMER_PRELUDE)
-        self._claim_cursor = _CURSOR_START
+        self._claim_cursors = {keys.topic_stream: _CURSOR_START for keys in self.partitions}
         self._next_claim = 0.0
+        self._next_partition = 0
         self._stop = threading.Event()
-        ensure_consumer_group(self.client, self.keys.topic_stream, self.group, start_id)
+        for keys in self.partitions:
+            ensure_consumer_group(self.client, keys.topic_stream, self.group, start_id)
         preload(self._claim, self._dead_letter)
 
     @property
-    def dead_stream(self) -> str:
-        """The key of this group's dead-letter stream."""
-        return self.keys.consumer_dead_stream(self.group)
+    def dead_streams(self) -> list[str]:
+        """The keys of this group's dead-letter streams, one per partition."""
+        return [keys.consumer_dead_stream(self.group) for keys in self.partitions]
 
-    def _script_keys(self) -> list[str]:
-        return [self.keys.topic_stream, self.dead_stream]
+    def _script_keys(self, keys: TopicKeys) -> list[str]:
+        return [keys.topic_stream, keys.consumer_dead_stream(self.group)]
 
     def poll(self, timeout: float | None = None) -> list[ConsumedMessage]:
         """Up to ``batch_size`` messages: abandoned ones first, then new ones (waiting up to ``timeout``)."""
+        block_ms = int((self.block if timeout is None else timeout) * 1000)
         try:
             messages = self._claim_abandoned()
             if messages:
                 return messages
-            block_ms = int((self.block if timeout is None else timeout) * 1000)
+            return self._read_new(block_ms)
+        except redis.RedisError as exc:
+            raise TxMQConnectionError(f"topic {self.topic!r}, group {self.group!r}: read failed: {exc}") from exc
+
+    def _read_new(self, block_ms: int) -> list[ConsumedMessage]:
+        """New entries of the partitions, in turn; blocks on one of them when none has any (a blocking read of
+        several streams in one call would cross hash slots on Cluster)."""
+        count = len(self.partitions)
+        for turn in range(count):
+            keys = self.partitions[(self._next_partition + turn) % count]
+            last = turn == count - 1
             reply = self.client.xreadgroup(
                 self.group,
                 self.consumer_name,
-                {self.keys.topic_stream: ">"},
+                {keys.topic_stream: ">"},
                 count=self.batch_size,
-                block=block_ms or None,
+                block=(block_ms or None) if last else None,
             )
-        except redis.RedisError as exc:
-            raise TxMQConnectionError(f"topic {self.topic!r}, group {self.group!r}: read failed: {exc}") from exc
-        return self._decode_all(
-            [(entry_id, fields, 1) for _, batch in stream_batches(reply) for entry_id, fields in batch]
-        )
+            raw = [(entry_id, fields, 1) for _, batch in stream_batches(reply) for entry_id, fields in batch]
+            if raw:
+                self._next_partition = (self._next_partition + turn + 1) % count
+                return self._decode_all(keys, raw)
+        self._next_partition = (self._next_partition + 1) % count
+        return []
 
     def _claim_abandoned(self) -> list[ConsumedMessage]:
         """XAUTOCLAIM through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once a scan ends."""
         now = time.monotonic()
-        if self._claim_cursor == _CURSOR_START and now < self._next_claim:
+        scanning = any(cursor != _CURSOR_START for cursor in self._claim_cursors.values())
+        if not scanning and now < self._next_claim:
             return []
-        reply = self._claim(
-            keys=self._script_keys(),
-            args=[
-                self.group,
-                self.consumer_name,
-                int(self.min_idle_time * 1000),
-                self._claim_cursor,
-                min(self.batch_size, 100),
-                self.max_deliveries,
-            ],
-        )
-        self._claim_cursor = text(reply[0]) or _CURSOR_START
-        if self._claim_cursor == _CURSOR_START:
-            self._next_claim = now + self.min_idle_time / 2
-        claimed = [(entry_id, fields, int(count)) for entry_id, count, fields in reply[1:]]
-        for entry_id, _, count in claimed:
-            logger.info(
-                "topic=%s group=%s re-delivering %s (delivery %d)", self.topic, self.group, text(entry_id), count
+        messages: list[ConsumedMessage] = []
+        for keys in self.partitions:
+            cursor = self._claim_cursors[keys.topic_stream]
+            if scanning and cursor == _CURSOR_START:
+                continue
+            reply = self._claim(
+                keys=self._script_keys(keys),
+                args=[
+                    self.group,
+                    self.consumer_name,
+                    int(self.min_idle_time * 1000),
+                    cursor,
+                    min(self.batch_size, 100),
+                    self.max_deliveries,
+                ],
             )
-        return self._decode_all(claimed)
+            self._claim_cursors[keys.topic_stream] = text(reply[0]) or _CURSOR_START
+            claimed = [(entry_id, fields, int(count)) for entry_id, count, fields in reply[1:]]
+            for entry_id, _, count in claimed:
+                logger.info(
+                    "topic=%s group=%s re-delivering %s (delivery %d)", self.topic, self.group, text(entry_id), count
+                )
+            messages.extend(self._decode_all(keys, claimed))
+        if all(cursor == _CURSOR_START for cursor in self._claim_cursors.values()):
+            self._next_claim = now + self.min_idle_time / 2
+        return messages
 
-    def _decode_all(self, raw: list[tuple[Any, Any, int]]) -> list[ConsumedMessage]:
+    def _decode_all(self, keys: TopicKeys, raw: list[tuple[Any, Any, int]]) -> list[ConsumedMessage]:
         messages = []
         for entry_id, fields, count in raw:
             if fields is None:
                 continue
             try:
-                messages.append(decode_topic_entry(self.topic, self.keys.topic_stream, entry_id, fields, count))
+                messages.append(
+                    decode_topic_entry(self.topic, keys.topic_stream, entry_id, fields, count, partition=keys.partition)
+                )
             except CorruptEntryError as exc:
                 logger.error("topic=%s group=%s dead-lettering malformed entry: %s", self.topic, self.group, exc)
-                self._move_to_dead(text(entry_id) or "", f"malformed entry: {exc}", count)
+                self._move_to_dead(keys, text(entry_id) or "", f"malformed entry: {exc}", count)
         return messages
 
     def ack(self, message: ConsumedMessage) -> None:
@@ -147,18 +172,24 @@ class Consumer:
 
     def dead_letter(self, message: ConsumedMessage, reason: str) -> bool:
         """Give up on a message now: move it to the dead-letter stream with ``reason`` (and ack it)."""
-        return self._move_to_dead(message.id, reason, message.delivery_count)
+        return self._move_to_dead(self._by_stream[message.stream], message.id, reason, message.delivery_count)
 
-    def _move_to_dead(self, entry_id: str, reason: str, delivery_count: int) -> bool:
-        moved = self._dead_letter(keys=self._script_keys(), args=[self.group, entry_id, reason, delivery_count])
+    def _move_to_dead(self, keys: TopicKeys, entry_id: str, reason: str, delivery_count: int) -> bool:
+        moved = self._dead_letter(keys=self._script_keys(keys), args=[self.group, entry_id, reason, delivery_count])
         return bool(int(moved))
 
     def dead_letters(self, count: int = 100) -> list[tuple[str, dict[str, bytes]]]:
-        """The oldest ``count`` entries of this group's dead-letter stream, as ``(entry id, fields)``."""
+        """Up to ``count`` entries of each partition's dead-letter stream, oldest first, as ``(entry id, fields)``."""
         return [
             (text(entry_id) or "", {text(k) or "": v for k, v in fields.items()})
-            for entry_id, fields in self.client.xrange(self.dead_stream, count=count)
+            for stream in self.dead_streams
+            for entry_id, fields in self.client.xrange(stream, count=count)
         ]
+
+    def delete_group(self) -> None:
+        """Remove this consumer group from every partition (its position and pending entries are gone)."""
+        for keys in self.partitions:
+            self.client.xgroup_destroy(keys.topic_stream, self.group)
 
     def __iter__(self) -> Iterator[ConsumedMessage]:
         """Messages until :meth:`stop` or :meth:`close`; the caller acks each one."""

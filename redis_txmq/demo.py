@@ -119,7 +119,7 @@ def run_demo(redis_url: str, console: Console, run_checker: CheckerRunner | None
             _recover_by_check_back(redis_url, database, console, outcome, run_checker)
         _consume(consumer, console, outcome)
     finally:
-        consumer.client.xgroup_destroy(consumer.keys.topic_stream, group)
+        consumer.delete_group()
         consumer.close()
     return outcome
 

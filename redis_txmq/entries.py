@@ -121,6 +121,7 @@ class ConsumedMessage:
     tags: str | None = None
     properties: dict[str, str] = field(default_factory=dict)
     delivery_count: int = 1
+    partition: int = 0
 
     @property
     def timestamp_ms(self) -> int:
@@ -129,7 +130,12 @@ class ConsumedMessage:
 
 
 def decode_topic_entry(
-    topic: str, stream: str, entry_id: bytes | str, raw: dict[Any, Any] | list[Any], delivery_count: int = 1
+    topic: str,
+    stream: str,
+    entry_id: bytes | str,
+    raw: dict[Any, Any] | list[Any],
+    delivery_count: int = 1,
+    partition: int = 0,
 ) -> ConsumedMessage:
     """A topic stream entry as a :class:`ConsumedMessage`; :class:`CorruptEntryError` if it has no body."""
     eid = text(entry_id) or ""
@@ -147,6 +153,7 @@ def decode_topic_entry(
         tags=text(values.get(TAGS)),
         properties=decode_properties(values.get(PROPERTIES), eid),
         delivery_count=delivery_count,
+        partition=partition,
     )
 
 

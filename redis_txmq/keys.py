@@ -20,6 +20,7 @@ key                                   type    holds
 ``txmq:{S}:remarks``                  hash    transaction id -> last remark (listener exception, check answer)
 ``txmq:{S}:dead-index``               hash    transaction id -> entry id in the dead-letter stream
 ``txmq:{S}:consumer-dead:<group>``    stream  entries a consumer group gave up on (delivery limit)
+``txmq:topic:{T}``                    hash    topic T's metadata: ``partitions`` (absent: one partition)
 ``txmq:topics``                       set     registry of topic stream keys that have seen a transaction
 ``txmq:groups``                       set     registry of producer groups that have started a producer
 ``txmq:group:{G}:check``              stream  check requests for producer group G (read by its producers)
@@ -49,6 +50,11 @@ PRODUCERS_CONSUMER_GROUP = "producers"
 CHECKERS_CONSUMER_GROUP = "checkers"
 """Consumer group of the reply stream: the checker instances."""
 PARTITION_SEPARATOR = "#"
+
+
+def topic_meta_key(topic: str) -> str:
+    """Metadata of a topic (its partition count), in the slot of the unpartitioned stream ``topic``."""
+    return f"{PREFIX}:topic:{{{topic}}}"
 
 
 def topic_stream_key(topic: str, partition: int = 0, partitioned: bool = False) -> str:

@@ -174,6 +174,7 @@ class TransactionSendResult:
     half_id: str
     local_transaction_state: LocalTransactionState
     send_status: SendStatus = SendStatus.SEND_OK
+    partition: int = 0
     committed_id: str | None = None
     remark: str | None = None
     end_error: str | None = None

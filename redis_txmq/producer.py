@@ -15,7 +15,6 @@ from .check_handler import CheckRequestHandler
 from .config import Settings
 from .connection import instance_id, resolve_client
 from .errors import ConfigurationError, PrepareError, ProducerStateError, TxMQConnectionError, TxMQError
-from .keys import TopicKeys
 from .listener import TransactionListener, local_state
 from .message import (
     LocalTransactionState,
@@ -24,6 +23,7 @@ from .message import (
     TransactionSendResult,
     validate_name,
 )
+from .topics import PartitionRouter
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class TransactionProducer:
         self._check_handler = CheckRequestHandler(
             self.client, self.producer_group, listener, self.settings, self.instance_id
         )
-        self._topic_keys: dict[str, TopicKeys] = {}
+        self._router = PartitionRouter(self.client)
         self._state = _State.CREATED
         self._lock = threading.Lock()
 
@@ -122,9 +122,13 @@ class TransactionProducer:
         if not isinstance(message, Message):
             raise TypeError(f"expected a redis_txmq.Message, got {type(message).__name__}")
         message.validate(self.settings.max_message_size)
-        keys = self._topic_keys.get(message.topic) or self._topic_keys.setdefault(
-            message.topic, TopicKeys(message.topic)
-        )
+        try:
+            keys = self._router.keys_for(message)
+        except redis.RedisError as exc:
+            raise PrepareError(
+                f"topic {message.topic!r}: could not read the topic's partitions ({exc}); nothing was written, "
+                "retry the send"
+            ) from exc
         transaction_id = uuid.uuid4().hex
         prepared = self.broker.prepare_half(keys, message, transaction_id, self.producer_group)
         if prepared.state != "PREPARED":
@@ -156,6 +160,7 @@ class TransactionProducer:
         return TransactionSendResult(
             transaction_id=transaction_id,
             topic=message.topic,
+            partition=keys.partition,
             half_id=prepared.half_id,
             local_transaction_state=state,
             send_status=SendStatus.SEND_OK,

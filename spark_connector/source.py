@@ -19,8 +19,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from redis_txmq import entries
-from redis_txmq.keys import TopicKeys
 from redis_txmq.scripts import script_source
+from redis_txmq.topics import partition_keys
 
 from .offsets import EARLIEST, LATEST, START_ID, earlier, ms_upper_bound, parse_entry_id
 from .options import ConnectorOptions, SparkSourceError, parse_options
@@ -87,12 +87,18 @@ class RedisTxmqDataSource(DataSource):
 
 def topic_partitions(client: Any, options: ConnectorOptions) -> list[TopicPartition]:
     """Every partition of every topic; a topic without a stream is an error naming it."""
-    parts = []
+    parts: list[TopicPartition] = []
     for topic in options.topics:
-        stream = TopicKeys(topic).topic_stream
-        if not client.exists(stream):
-            raise SparkSourceError(f"topic {topic!r} not found: no stream {stream!r} at {options.safe_url}")
-        parts.append(TopicPartition(topic, 0, stream))
+        partitions = partition_keys(client, topic)
+        if not any(client.exists(keys.topic_stream) for keys in partitions):
+            raise SparkSourceError(
+                f"topic {topic!r} not found: no stream {partitions[0].topic_stream!r} at {options.safe_url}"
+            )
+        parts.extend(
+            TopicPartition(topic, keys.partition, keys.topic_stream)
+            for keys in partitions
+            if client.exists(keys.topic_stream)
+        )
     return parts
 
 
@@ -265,6 +271,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._advance = self._client.register_script(script_source("stream_advance"))
         return self._client
 
+    def _stream_of(self, topic: str, partition: str) -> str:
+        """The stream key of a topic partition named in an offset."""
+        for keys in partition_keys(self._redis(), topic):
+            if str(keys.partition) == partition:
+                return keys.topic_stream
+        raise SparkSourceError(f"topic {topic!r} has no partition {partition} any more; was it re-created?")
+
     def initialOffset(self) -> dict:
         offsets: dict[str, dict[str, str]] = {}
         for part in topic_partitions(self._redis(), self.options):
@@ -319,9 +332,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 asked = min(share, budget)
                 if asked <= 0:
                     break
-                counted, reached = self._advance(
-                    keys=[TopicKeys(key[0]).topic_stream], args=[position[key], newest, asked]
-                )
+                counted, reached = self._advance(keys=[self._stream_of(*key)], args=[position[key], newest, asked])
                 budget -= int(counted)
                 if int(counted):
                     position[key] = entries.text(reached) or position[key]
@@ -337,7 +348,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 begin = start.get(topic, {}).get(partition, START_ID)
                 if begin == LATEST or parse_entry_id(begin) >= parse_entry_id(stop):
                     continue
-                part = TopicPartition(topic, int(partition), TopicKeys(topic).topic_stream)
+                part = TopicPartition(topic, int(partition), self._stream_of(topic, partition))
                 ranges.append(StreamRange(part, begin, stop, first=True))
         return ranges
 

@@ -117,11 +117,45 @@ def test_consumer_and_dead_letters_on_cluster(cluster, cluster_url):
 
 
 def test_spark_reads_topics_on_every_master(cluster, cluster_url, spark):
-    with TransactionProducer("cluster_spark", Knows(set()), client=cluster,
-                             settings=Settings(heartbeat_interval=0.5, cluster=True)) as producer:
+    with TransactionProducer(
+        "cluster_spark", Knows(set()), client=cluster, settings=Settings(heartbeat_interval=0.5, cluster=True)
+    ) as producer:
         for topic in TOPICS:
             producer.send_message_in_transaction(Message(topic, topic.encode()), COMMIT)
             producer.send_message_in_transaction(Message(topic, b"never"), ROLLBACK)
-    df = (spark.read.format("redis-txmq").option("redis.url", cluster_url).option("redis.cluster", "true")
-          .option("topics", ",".join(TOPICS)).load())
+    df = (
+        spark.read.format("redis-txmq")
+        .option("redis.url", cluster_url)
+        .option("redis.cluster", "true")
+        .option("topics", ",".join(TOPICS))
+        .load()
+    )
     assert sorted(bytes(r.body).decode() for r in df.collect()) == sorted(TOPICS)
+
+
+def test_a_partitioned_topic_spreads_over_the_masters(cluster, cluster_url, spark):
+    from redis_txmq import create_topic
+
+    create_topic(cluster, "hot", 8)
+    streams = [TopicKeys("hot", p, partitioned=True).topic_stream for p in range(8)]
+    assert len({cluster.get_node_from_key(s).name for s in streams}) == 3
+    with TransactionProducer(
+        "cluster_hot", Knows(set()), client=cluster, settings=Settings(heartbeat_interval=0.5, cluster=True)
+    ) as producer:
+        results = [
+            producer.send_message_in_transaction(Message("hot", str(i).encode(), keys=f"k{i}"), COMMIT)
+            for i in range(40)
+        ]
+    assert len({r.partition for r in results}) == 8
+    with Consumer("hot", "billing", client=cluster, block=0.05) as consumer:
+        seen = [m.body for _ in range(20) for m in consumer.poll()]
+    assert sorted(int(b) for b in seen) == list(range(40))
+    df = (
+        spark.read.format("redis-txmq")
+        .option("redis.url", cluster_url)
+        .option("redis.cluster", "true")
+        .option("topics", "hot")
+        .load()
+    )
+    assert sorted(int(bytes(r.body)) for r in df.collect()) == list(range(40))
+    assert {r.partition for r in df.select("partition").distinct().collect()} == set(range(8))

@@ -279,3 +279,18 @@ def test_example_pipeline_counts_committed_orders_per_minute(spark, real_client,
     assert sorted(r.order_id for r in orders.collect()) == [0, 1, 2]
     summary = job.per_minute(orders).collect()
     assert sum(r.orders for r in summary) == 3 and sum(r.revenue for r in summary) == 31.5
+
+
+def test_streaming_reads_every_partition_once(spark, real_client, redis_url, tmp_path):
+    from redis_txmq import create_topic
+
+    create_topic(real_client, "parted", 3)
+    send(real_client, "parted", [f"p{i}".encode() for i in range(9)])
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    query = stream_to_parquet(spark, redis_url, "parted", out, checkpoint, maxEntriesPerTrigger="4")
+    assert all(p["numInputRows"] <= 4 for p in query.recentProgress)
+    send(real_client, "parted", [b"late"])
+    stream_to_parquet(spark, redis_url, "parted", out, checkpoint)
+    rows = spark.read.parquet(out).collect()
+    assert sorted(bytes(r.body) for r in rows) == sorted([f"p{i}".encode() for i in range(9)] + [b"late"])
+    assert {r.partition for r in rows} == {0, 1, 2}

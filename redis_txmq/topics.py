@@ -1,0 +1,75 @@
+"""Topics and their partitions: a topic has P partitions (default 1), each its own stream in its own hash slot.
+
+A message goes to the partition of a stable hash of its first key, so one key keeps its order; a message without
+keys goes round robin. Create a partitioned topic before anything is sent to it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import zlib
+from typing import Any
+
+import redis
+
+from . import entries
+from .errors import ConfigurationError, TxMQConnectionError
+from .keys import TopicKeys, topic_meta_key, topic_stream_key
+from .message import Message, validate_name
+from .scripts import script_source
+
+
+def create_topic(client: Any, topic: str, partitions: int) -> int:
+    """Fix ``topic``'s partition count (idempotent for the same count); returns it."""
+    validate_name(topic, "topic")
+    try:
+        reply = client.eval(
+            script_source("create_topic"), 2, topic_meta_key(topic), topic_stream_key(topic), partitions
+        )
+    except redis.RedisError as exc:
+        raise TxMQConnectionError(f"topic {topic!r}: could not create it: {exc}") from exc
+    status = entries.text(reply[0])
+    if status != "OK":
+        raise ConfigurationError(
+            f"topic {topic!r}: cannot create with {partitions} partitions: {entries.text(reply[2])}"
+        )
+    return int(reply[1])
+
+
+def partition_count(client: Any, topic: str) -> int:
+    """The number of partitions of ``topic`` (1 when it was never created with more)."""
+    raw = client.hget(topic_meta_key(topic), "partitions")
+    return int(raw) if raw else 1
+
+
+def partition_keys(client: Any, topic: str) -> list[TopicKeys]:
+    """The keys of every partition of ``topic``."""
+    count = partition_count(client, topic)
+    if count == 1:
+        return [TopicKeys(topic)]
+    return [TopicKeys(topic, p, partitioned=True) for p in range(count)]
+
+
+class PartitionRouter:
+    """Picks a message's partition; remembers each topic's partitions for the life of the process."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._partitions: dict[str, list[TopicKeys]] = {}
+        self._round_robin = itertools.count()
+        self._lock = threading.Lock()
+
+    def keys_for(self, message: Message) -> TopicKeys:
+        partitions = self._partitions.get(message.topic)
+        if partitions is None:
+            with self._lock:
+                partitions = self._partitions.get(message.topic)
+                if partitions is None:
+                    partitions = self._partitions[message.topic] = partition_keys(self.client, message.topic)
+        if len(partitions) == 1:
+            return partitions[0]
+        keys = message.keys_list
+        if keys:
+            return partitions[zlib.crc32(keys[0].encode()) % len(partitions)]
+        return partitions[next(self._round_robin) % len(partitions)]
