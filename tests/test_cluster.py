@@ -51,7 +51,7 @@ def test_topics_spread_over_the_slots_of_every_master(cluster):
         assert {cluster.keyslot(k) for k in TopicKeys(topic).script_keys()} == {cluster.keyslot(topic)}
 
 
-def test_commit_rollback_and_check_back_through_txmq_checker_cluster(cluster, cluster_url):
+def test_check_back_through_two_txmq_checker_cluster_one_killed(cluster, cluster_url):
     settings = Settings(heartbeat_interval=0.5, cluster=True)
     committed: set[str] = set()
     listener = Knows(committed)
@@ -63,27 +63,31 @@ def test_commit_rollback_and_check_back_through_txmq_checker_cluster(cluster, cl
             unknown = producer.send_message_in_transaction(Message(topic, b"checked"), UNKNOWN)
             committed.add(unknown.transaction_id)
             rolled_back.append(producer.send_message_in_transaction(Message(topic, b"checked-out"), UNKNOWN))
-        checker = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "txmq"),
-                "checker",
-                "--cluster",
-                "--redis-url",
-                cluster_url,
-                "--transaction-timeout",
-                "0.5",
-                "--check-interval",
-                "1",
-            ],
-            env=os.environ | {"TXMQ_HEARTBEAT_INTERVAL": "0.5"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        command = [
+            str(Path(sys.executable).parent / "txmq"),
+            "checker",
+            "--cluster",
+            "--redis-url",
+            cluster_url,
+            "--transaction-timeout",
+            "0.5",
+            "--check-interval",
+            "1",
+            "--claim-idle",
+            "1",
+        ]
+        env = os.environ | {"TXMQ_HEARTBEAT_INTERVAL": "0.5"}
+        doomed = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        survivor = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
+            wait_until(lambda: sum(cluster.xlen(t) for t in TOPICS) > len(TOPICS), timeout=60)
+            doomed.send_signal(signal.SIGKILL)  # a checker dies mid-work; the other finishes
             wait_until(lambda: all(cluster.hlen(TopicKeys(t).inflight) == 0 for t in TOPICS), timeout=60)
         finally:
-            checker.send_signal(signal.SIGTERM)
-            assert checker.wait(15) == 0, checker.stderr.read().decode()[-2000:]
+            doomed.kill()
+            doomed.wait(10)
+            survivor.send_signal(signal.SIGTERM)
+            assert survivor.wait(15) == 0, survivor.stderr.read().decode()[-2000:]
     seen = collections.Counter(
         fields[b"transaction_id"].decode() for topic in TOPICS for _, fields in cluster.xrange(topic)
     )
