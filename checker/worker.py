@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from redis_txmq import entries
+from redis_txmq.admin import registered_topics
 from redis_txmq.broker import DueCheck, EndSource, RedisBroker
 from redis_txmq.check_handler import Heartbeat
 from redis_txmq.config import Settings
@@ -28,7 +29,6 @@ from redis_txmq.keys import (
     CHECKER_INSTANCES,
     CHECKERS_CONSUMER_GROUP,
     REPLY_STREAM,
-    TOPIC_REGISTRY,
     GroupKeys,
     TopicKeys,
     topic_keys_of_stream,
@@ -76,6 +76,7 @@ class Checker:
         self._next_reply_claim = 0.0
         self._next_sweep = 0.0
         self._sweep_cursors: dict[str, str] = {}
+        self._bad_registry_members: set[str] = set()
         self._started = False
 
     def start(self) -> None:
@@ -122,7 +123,7 @@ class Checker:
         return stats
 
     def topics(self) -> list[TopicKeys]:
-        return [topic_keys_of_stream(entries.text(s) or "") for s in sorted(self.client.smembers(TOPIC_REGISTRY))]
+        return registered_topics(self.client, reported=self._bad_registry_members)
 
     def scan(self) -> RoundStats:
         """Claim due transactions of every topic and send their check requests."""
@@ -247,14 +248,17 @@ class Checker:
             state = LocalTransactionState(state_name)
         except ValueError:
             state = None
-        if not (stream and txid and group and state):
+        try:
+            keys = topic_keys_of_stream(stream) if stream else None
+        except ValueError:  # e.g. 'orders#x': not a topic stream key
+            keys = None
+        if not (keys and txid and group and state):
             logger.error(
-                "check answer %s skipped: malformed (needs stream, transaction_id, producer_group and a "
-                "state of COMMIT, ROLLBACK or UNKNOWN)",
+                "check answer %s skipped: malformed (needs the stream key of a topic, transaction_id, producer_group "
+                "and a state of COMMIT, ROLLBACK or UNKNOWN)",
                 reply_id,
             )
             return 0
-        keys = topic_keys_of_stream(stream)
         self.metrics.replies.labels(state.value).inc()
         self._observe_latency(fields)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from . import entries
@@ -16,6 +17,8 @@ from .keys import (
     topic_keys_of_stream,
 )
 
+logger = logging.getLogger(__name__)
+
 DEAD_FIELDS = {
     "dead_reason": "reason",
     "check_times": "check_times",
@@ -26,10 +29,20 @@ DEAD_FIELDS = {
 }
 
 
-def registered_topics(client: Any, topic: str | None = None) -> list[TopicKeys]:
-    """Every registered topic stream, or those of one topic."""
-    streams = sorted(entries.text(s) or "" for s in client.smembers(TOPIC_REGISTRY))
-    keys = [topic_keys_of_stream(s) for s in streams]
+def registered_topics(client: Any, topic: str | None = None, reported: set[str] | None = None) -> list[TopicKeys]:
+    """Every registered topic stream, or those of one topic. A member that is not a topic stream key (written by
+    another tool) is skipped with a logged reason — once, if the caller keeps a ``reported`` set: it must not stop a
+    checker or an operator command."""
+    keys = []
+    for member in sorted(client.smembers(TOPIC_REGISTRY)):
+        stream = entries.text(member) or ""
+        try:
+            keys.append(topic_keys_of_stream(stream))
+        except ValueError:
+            if reported is None or stream not in reported:
+                if reported is not None:
+                    reported.add(stream)
+                logger.error("topic registry %s: %r is not a topic stream key; skipped", TOPIC_REGISTRY, stream)
     return [k for k in keys if topic is None or k.topic == topic]
 
 
