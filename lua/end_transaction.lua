@@ -10,7 +10,7 @@
 -- ARGV[7] op_stream_maxlen   approximate cap of the op stream
 -- ARGV[8] half_id            expected half message id, '' to skip that check
 -- Reply: {'OK', state, half_id, committed_id or '', 'APPLIED' | 'DUPLICATE' | 'RECORDED'}
---        or {'ERR', code, detail} with code BADARG | NOT_FOUND | CONFLICT | GROUP_MISMATCH | DEAD | CORRUPT.
+--        or {'ERR', code, detail} with code BADARG | NOT_FOUND | CONFLICT | GROUP_MISMATCH | DEAD | CORRUPT | WRONGTYPE.
 -- COMMIT appends to the topic stream and writes the op record in this one call: no crash can split them.
 
 local txid, group, outcome, source, remark = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -55,6 +55,9 @@ if #entries == 0 then
   return fail('CORRUPT', 'half message ' .. half_id .. ' is indexed but missing from the half stream')
 end
 local half = to_map(entries[1][2])
+if half['transaction_id'] ~= txid then
+  return fail('CORRUPT', 'half message ' .. half_id .. ' belongs to transaction ' .. tostring(half['transaction_id']))
+end
 if half['producer_group'] ~= group then
   return fail('GROUP_MISMATCH', 'the half message belongs to producer group ' .. tostring(half['producer_group']))
 end
@@ -66,6 +69,10 @@ if outcome == 'UNKNOWN' then
   return {'OK', 'PREPARED', half_id, '', 'RECORDED'}
 end
 
-retire(txid, half_id)
+if outcome == 'COMMIT' and not is_stream_or_free(topic_stream) then
+  return fail('WRONGTYPE', 'the topic key ' .. topic_stream .. ' holds another type than a stream')
+end
+-- Outcome first, retire after: a write that fails part-way must not lose the half message.
 local committed_id = apply_outcome(txid, outcome, half, half_id, source, remark, now, window_ms, op_maxlen)
+retire(txid, half_id)
 return {'OK', outcome, half_id, committed_id, 'APPLIED'}

@@ -15,15 +15,18 @@ local txid, group, topic, partition = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if txid == '' or group == '' or topic == '' then
   return fail('BADARG', 'transaction_id, producer_group and topic must not be empty')
 end
-if not tonumber(partition) then
-  return fail('BADARG', 'partition must be a number, got ' .. partition)
+if not string.match(partition, '^%d+$') then
+  return fail('BADARG', 'partition must be a whole number, got ' .. partition)
 end
 local immunity_ms = nil
 if ARGV[9] ~= '' then
-  immunity_ms = tonumber(ARGV[9])
-  if not immunity_ms or immunity_ms <= 0 then
-    return fail('BADARG', 'check_immunity_ms must be a positive number, got ' .. ARGV[9])
+  immunity_ms = string.match(ARGV[9], '^%d+$') and tonumber(ARGV[9])
+  if not immunity_ms or immunity_ms <= 0 or immunity_ms > 9007199254740992 then
+    return fail('BADARG', 'check_immunity_ms must be a whole number of ms from 1 to 2^53, got ' .. ARGV[9])
   end
+end
+if not is_stream_or_free(topic_stream) then
+  return fail('WRONGTYPE', 'the topic key ' .. topic_stream .. ' holds another type than a stream; pick another topic')
 end
 
 -- Idempotent: a retry after a lost reply finds the first half message.

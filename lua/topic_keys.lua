@@ -27,6 +27,12 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+local function is_stream_or_free(key)
+  local kind = redis.call('TYPE', key)
+  kind = type(kind) == 'table' and kind['ok'] or kind
+  return kind == 'stream' or kind == 'none'
+end
+
 local function fail(code, detail)
   return {'ERR', code, detail}
 end

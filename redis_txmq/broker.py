@@ -168,6 +168,8 @@ class RedisBroker:
         where = f"topic {keys.topic!r}, transaction {transaction_id}"
         try:
             reply = self._end(keys=keys.script_keys(), args=args)
+        except redis.ResponseError as exc:
+            raise TxMQError(f"{where}: the end script failed ({exc}); the transaction is still in flight") from exc
         except redis.RedisError as exc:
             raise TxMQConnectionError(f"{where}: end call failed ({exc}); the check-back will resolve it") from exc
         return _end_result(reply, keys, transaction_id)
@@ -229,7 +231,7 @@ def _end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
     if status == "OK":
         return EndResult(state=first, half_id=second, committed_id=third or None, applied=fourth == "APPLIED")
     where = f"topic {keys.topic!r}, transaction {transaction_id}"
-    if first == "CORRUPT":
+    if first in ("CORRUPT", "WRONGTYPE"):
         raise CorruptEntryError(f"{where}: {second}")
     if first not in _ERRORS:
         raise TxMQError(f"{where}: refused: {first} {second}")

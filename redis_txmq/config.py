@@ -12,6 +12,8 @@ from .message import DEFAULT_MAX_MESSAGE_SIZE
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "TXMQ_"
+MIN_DEDUPE_WINDOW = 60.0
+"""An end retried after a lost reply must get the first answer: the outcome outlives redis-py's retries."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,11 @@ class Settings:
                 raise ConfigurationError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_message_size < 1:
             raise ConfigurationError(f"max_message_size must be >= 1 byte, got {self.max_message_size}")
-        if self.dedupe_window < 0:
-            raise ConfigurationError(f"dedupe_window must be >= 0 seconds, got {self.dedupe_window}")
+        if self.dedupe_window < MIN_DEDUPE_WINDOW:
+            raise ConfigurationError(
+                f"dedupe_window must be >= {MIN_DEDUPE_WINDOW} seconds (longer than redis-py's retries of a command "
+                f"whose reply was lost), got {self.dedupe_window}"
+            )
         if self.op_stream_maxlen < 1:
             raise ConfigurationError(f"op_stream_maxlen must be >= 1, got {self.op_stream_maxlen}")
 

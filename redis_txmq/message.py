@@ -24,6 +24,8 @@ TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,126}$")
 """Topic names, also used for producer and consumer group names. No braces: they would break hash tags."""
 
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+MAX_CHECK_IMMUNITY_SECONDS = 365 * 24 * 3600
+"""A message's own check immunity is at most a year (and never NaN or infinite)."""
 
 DELAY_PROPERTIES = frozenset({"DELAY", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_DELIVER_MS", "__STARTDELIVERTIME"})
 """RocketMQ's delay properties: refused on a transactional message instead of silently dropped."""
@@ -120,9 +122,14 @@ class Message:
         self._validate_properties(where)
         if self.check_immunity_seconds is not None:
             immunity = self.check_immunity_seconds
-            if isinstance(immunity, bool) or not isinstance(immunity, (int, float)) or not immunity > 0:
+            if (
+                isinstance(immunity, bool)
+                or not isinstance(immunity, (int, float))
+                or not 0 < immunity <= MAX_CHECK_IMMUNITY_SECONDS
+            ):
                 raise InvalidMessageError(
-                    f"{where}: check_immunity_seconds must be a positive number, got {immunity!r}"
+                    f"{where}: check_immunity_seconds must be a number of seconds in (0, "
+                    f"{MAX_CHECK_IMMUNITY_SECONDS}], got {immunity!r}"
                 )
 
     def _validate_keys(self, where: str) -> None:

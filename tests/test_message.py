@@ -65,6 +65,11 @@ BAD_MESSAGES = [
     pytest.param(Message("orders", b"x", tags=""), InvalidMessageError, id="tags-empty"),
     pytest.param(Message("orders", b"x", check_immunity_seconds=0), InvalidMessageError, id="immunity-zero"),
     pytest.param(Message("orders", b"x", check_immunity_seconds=-1), InvalidMessageError, id="immunity-negative"),
+    pytest.param(
+        Message("orders", b"x", check_immunity_seconds=float("inf")), InvalidMessageError, id="immunity-infinite"
+    ),
+    pytest.param(Message("orders", b"x", check_immunity_seconds=float("nan")), InvalidMessageError, id="immunity-nan"),
+    pytest.param(Message("orders", b"x", check_immunity_seconds=1e16), InvalidMessageError, id="immunity-huge"),
 ]
 
 
@@ -139,13 +144,13 @@ def test_send_before_start_refused(fake_client):
 
 def test_settings_from_env():
     settings = Settings.from_env(
-        {"TXMQ_REDIS_URL": "redis://h:1/2", "TXMQ_MAX_MESSAGE_SIZE": "10", "TXMQ_CLUSTER": "true"}, dedupe_window=5
+        {"TXMQ_REDIS_URL": "redis://h:1/2", "TXMQ_MAX_MESSAGE_SIZE": "10", "TXMQ_CLUSTER": "true"}, dedupe_window=90
     )
     assert (settings.redis_url, settings.max_message_size, settings.cluster, settings.dedupe_window) == (
         "redis://h:1/2",
         10,
         True,
-        5,
+        90,
     )
     with pytest.raises(ConfigurationError, match="TXMQ_MAX_MESSAGE_SIZE"):
         Settings.from_env({"TXMQ_MAX_MESSAGE_SIZE": "big"})

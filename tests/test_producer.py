@@ -8,8 +8,11 @@ import pytest
 import redis
 
 from redis_txmq import (
+    ConfigurationError,
+    CorruptEntryError,
     LocalTransactionState,
     Message,
+    PrepareError,
     ProducerGroupMismatchError,
     SendStatus,
     Settings,
@@ -187,16 +190,56 @@ def test_scripts_reload_after_script_flush(client, producer):
     assert [f[b"body"] for _, f in topic_entries(client)] == [b"before", b"after"]
 
 
-def test_outcome_forgotten_after_dedupe_window(client, listener):
-    settings = Settings(dedupe_window=0)
-    with TransactionProducer("order_group", listener, client=client, settings=settings) as producer:
-        result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
-        assert client.hlen(KEYS.ended) == 0 and client.zcard(KEYS.ended_at) == 0
-        with pytest.raises(TransactionNotFoundError):
-            producer.broker.end_transaction(
-                KEYS, result.transaction_id, "order_group", COMMIT, source=EndSource.CHECKER
-            )
+def test_outcome_forgotten_after_dedupe_window(client, producer):
+    result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
+    client.zadd(KEYS.ended_at, {result.transaction_id: 0})  # older than the window
+    producer.send_message_in_transaction(Message("orders", b"y"), ROLLBACK)  # an end expires old outcomes
+    assert not client.hexists(KEYS.ended, result.transaction_id)
+    with pytest.raises(TransactionNotFoundError):
+        producer.broker.end_transaction(KEYS, result.transaction_id, "order_group", COMMIT, source=EndSource.CHECKER)
     assert len(topic_entries(client)) == 1
+
+
+def test_dedupe_window_outlives_redis_py_retries():
+    with pytest.raises(ConfigurationError, match="dedupe_window"):
+        Settings(dedupe_window=0)
+
+
+def test_topic_key_of_another_type_refuses_before_the_local_transaction(client, producer, listener):
+    client.set("orders", "not a stream")
+    with pytest.raises(PrepareError, match="WRONGTYPE"):
+        producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
+    assert listener.executed == [] and client.xlen(KEYS.half_stream) == 0
+
+
+def test_commit_onto_a_key_turned_into_another_type_keeps_the_transaction(client, producer):
+    pending = producer.send_message_in_transaction(Message("orders", b"x"), UNKNOWN)
+    client.delete("orders")
+    client.set("orders", "someone else's value")
+    with pytest.raises(CorruptEntryError, match="another type"):
+        producer.broker.end_transaction(KEYS, pending.transaction_id, "order_group", COMMIT, source=EndSource.CHECKER)
+    assert in_flight(client) == {pending.transaction_id: pending.half_id}, "nothing is lost: still in flight"
+    assert client.xlen(KEYS.half_stream) == 1
+
+
+def test_end_refuses_a_half_message_of_another_transaction(client, producer):
+    first = producer.send_message_in_transaction(Message("orders", b"first"), UNKNOWN)
+    second = producer.send_message_in_transaction(Message("orders", b"second"), UNKNOWN)
+    client.hset(KEYS.inflight, first.transaction_id, second.half_id)  # a corrupted index
+    with pytest.raises(CorruptEntryError, match=f"belongs to transaction {second.transaction_id}"):
+        producer.broker.end_transaction(KEYS, first.transaction_id, "order_group", COMMIT, source=EndSource.CHECKER)
+    assert topic_entries(client) == []
+
+
+@pytest.mark.parametrize("immunity", ["nan", "inf", "1.5", "-1", "0x1f", "99999999999999999999"])
+def test_prepare_script_refuses_bad_immunity_before_writing(client, producer, immunity):
+    from redis_txmq.entries import prepare_args
+
+    args = prepare_args(Message("orders", b"x"), "tx-bad", "order_group", 0)
+    args[-1] = immunity
+    reply = producer.broker._prepare(keys=KEYS.script_keys(), args=args)
+    assert reply[0] == b"ERR" and reply[1] == b"BADARG"
+    assert client.xlen(KEYS.half_stream) == 0 and in_flight(client) == {}
 
 
 def test_ended_outcomes_expire_as_new_ends_arrive(client, listener):
@@ -251,8 +294,8 @@ def test_producer_closes_the_client_it_made(real_client, redis_url, listener):
 
 def test_redis_url_wins_over_settings(real_client, redis_url, listener):
     """A URL given beside settings is the one used (settings carry the other knobs)."""
-    settings = Settings(redis_url="redis://127.0.0.1:1/0", dedupe_window=0)
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", dedupe_window=120)
     with TransactionProducer("order_group", listener, redis_url=redis_url, settings=settings) as producer:
-        assert producer.settings.redis_url == redis_url and producer.settings.dedupe_window == 0
+        assert producer.settings.redis_url == redis_url and producer.settings.dedupe_window == 120
         assert producer.send_message_in_transaction(Message("orders", b"x"), COMMIT).committed_id
     assert real_client.xlen("orders") == 1
