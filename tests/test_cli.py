@@ -46,6 +46,6 @@ def test_fakeredis_fallback_runs_the_scripts():
 
 
 def test_consumer_from_url_reads_demo_data(real_client, redis_url):
-    CliRunner().invoke(main, ["demo", "--no-spark", "--redis-url", redis_url])
+    assert CliRunner().invoke(main, ["demo", "--no-spark", "--redis-url", redis_url]).exit_code == 0
     with Consumer("orders", "analytics", redis_url=redis_url, block=0.05) as consumer:
         assert len(consumer.poll()) == 4
