@@ -36,3 +36,16 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def pending(client: Any, stream: str, group: str) -> int:
+    """Entries read through ``group`` and not acknowledged (0 when the group does not exist)."""
+    if not client.exists(stream) or not any(g["name"].decode() == group for g in client.xinfo_groups(stream)):
+        return 0
+    return int(client.xpending(stream, group)["pending"])
+
+
+def server_ms(client: Any) -> int:
+    """The Redis server's clock in ms: ages are measured on it, never on a client's."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

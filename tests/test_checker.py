@@ -42,7 +42,7 @@ from redis_txmq.keys import (
     TopicKeys,
 )
 
-from .helpers import wait_until
+from .helpers import pending, server_ms, wait_until
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
 TOPIC = "orders"
@@ -105,18 +105,6 @@ def leftovers(client: Any, keys: TopicKeys = KEYS, group: str = GROUP) -> dict[s
 
 
 NOTHING_LEFT = dict.fromkeys(("half", "inflight", "unchecked", "due", "checks", "remarks", "requests", "replies"), 0)
-
-
-def pending(client: Any, stream: str, group: str) -> int:
-    """Entries read through ``group`` and not acknowledged (0 when the group does not exist)."""
-    if not client.exists(stream) or not any(g["name"].decode() == group for g in client.xinfo_groups(stream)):
-        return 0
-    return int(client.xpending(stream, group)["pending"])
-
-
-def server_ms(client: Any) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def requested(client: Any, group: str = GROUP) -> list[str]:

@@ -32,7 +32,7 @@ from redis_txmq.keys import (
     TopicKeys,
 )
 
-from .helpers import wait_until
+from .helpers import pending, server_ms, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -117,17 +117,6 @@ def txmq(redis_url: str, *args: str, timeout: float = 30) -> subprocess.Complete
 def committed(client: Any, topic: str) -> collections.Counter[str]:
     """How many times each transaction id occurs in the topic stream."""
     return collections.Counter(fields[b"transaction_id"].decode() for _, fields in client.xrange(topic))
-
-
-def pending(client: Any, stream: str, group: str) -> int:
-    if not client.exists(stream) or not any(g["name"].decode() == group for g in client.xinfo_groups(stream)):
-        return 0
-    return int(client.xpending(stream, group)["pending"])
-
-
-def server_ms(client: Any) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 class ByBody(TransactionListener):
