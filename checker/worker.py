@@ -20,11 +20,11 @@ import redis
 from redis_txmq import entries
 from redis_txmq.admin import registered_topics
 from redis_txmq.broker import DueCheck, EndSource, RedisBroker
-from redis_txmq.check_handler import Heartbeat
 from redis_txmq.config import Settings
 from redis_txmq.connection import instance_id as new_instance_id
 from redis_txmq.errors import CorruptEntryError, TransactionError, TxMQConnectionError, TxMQError
-from redis_txmq.groups import ensure_consumer_group
+from redis_txmq.groups import CURSOR_START, PendingTakeover, ensure_consumer_group
+from redis_txmq.heartbeat import Heartbeat
 from redis_txmq.keys import (
     CHECKER_INSTANCES,
     CHECKERS_CONSUMER_GROUP,
@@ -38,8 +38,6 @@ from redis_txmq.message import LocalTransactionState
 from .metrics import CheckerMetrics
 
 logger = logging.getLogger(__name__)
-
-CURSOR_START = "0-0"
 
 
 @dataclass
@@ -72,8 +70,9 @@ class Checker:
         self.sweep_interval = sweep_interval
         self.metrics = metrics or CheckerMetrics()
         self.heartbeat = Heartbeat(client, CHECKER_INSTANCES, self.instance_id, self.settings.heartbeat_interval)
-        self._claim_cursor = CURSOR_START
-        self._next_reply_claim = 0.0
+        self._takeover = PendingTakeover(
+            client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP, self.instance_id, self.settings.claim_idle
+        )
         self._next_sweep = 0.0
         self._sweep_cursors: dict[str, str] = {}
         self._bad_registry_members: set[str] = set()
@@ -197,21 +196,9 @@ class Checker:
     def process_replies(self, block_ms: int | None) -> int:
         """Apply the answers of the reply stream: abandoned ones first, then new ones."""
         applied = 0
-        now = time.monotonic()
-        if now >= self._next_reply_claim or self._claim_cursor != CURSOR_START:
-            cursor, claimed, *_ = self.client.xautoclaim(
-                REPLY_STREAM,
-                CHECKERS_CONSUMER_GROUP,
-                self.instance_id,
-                int(self.settings.claim_idle * 1000),
-                start_id=self._claim_cursor,
-                count=self.batch_size,
-            )
-            self._claim_cursor = entries.text(cursor) or CURSOR_START
-            if self._claim_cursor == CURSOR_START:
-                self._next_reply_claim = now + self.settings.claim_idle / 2
-            if claimed:
-                logger.info("checker %s took over %d answers of a dead checker", self.instance_id, len(claimed))
+        claimed = self._takeover.claim(self.batch_size)
+        if claimed:
+            logger.info("checker %s took over %d answers of a dead checker", self.instance_id, len(claimed))
             applied += self._apply_all(claimed)
         reply = self.client.xreadgroup(
             CHECKERS_CONSUMER_GROUP,

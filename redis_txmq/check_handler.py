@@ -20,36 +20,15 @@ import redis
 from . import entries
 from .config import Settings
 from .errors import CorruptEntryError
-from .groups import ensure_consumer_group
+from .groups import PendingTakeover, ensure_consumer_group
+from .heartbeat import Heartbeat
 from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
 from .listener import TransactionListener, local_state
-from .scripts import preload, register_script
 
 logger = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 100
 """How long one read waits for requests: also the longest a shutdown waits for the reader."""
-
-
-class Heartbeat:
-    """Registers an instance as live in a zset, on the server's clock (``lua/heartbeat.lua``)."""
-
-    def __init__(self, client: Any, instances_key: str, instance_id: str, interval: float) -> None:
-        self.client = client
-        self.instances_key = instances_key
-        self.instance_id = instance_id
-        self.live_ms = int(interval * 3000)
-        self._script = register_script(client, "heartbeat")
-
-    def load(self) -> None:
-        preload(self._script)
-
-    def beat(self) -> int:
-        """Record this instance; returns how many instances are live."""
-        return int(self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "beat"]))
-
-    def leave(self) -> None:
-        self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "leave"])
 
 
 class CheckRequestHandler:
@@ -70,7 +49,9 @@ class CheckRequestHandler:
         self._room = threading.Condition()
         self._stop = threading.Event()
         self._reader: threading.Thread | None = None
-        self._claim_cursor = "0-0"
+        self._takeover = PendingTakeover(
+            client, self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, instance_id, settings.claim_idle
+        )
 
     def start(self) -> None:
         ensure_consumer_group(self.client, self.keys.check_requests, PRODUCERS_CONSUMER_GROUP)
@@ -108,7 +89,7 @@ class CheckRequestHandler:
             logger.warning("group=%s could not hand back check requests on shutdown: %s", self.producer_group, exc)
 
     def _read_loop(self) -> None:
-        next_beat = next_claim = 0.0
+        next_beat = 0.0
         while not self._stop.is_set():
             try:
                 now = time.monotonic()
@@ -118,10 +99,12 @@ class CheckRequestHandler:
                 room = self._wait_for_room()
                 if room == 0:
                     continue
-                if now >= next_claim or self._claim_cursor != "0-0":
-                    self._dispatch(self._claim_abandoned(room))
-                    if self._claim_cursor == "0-0":
-                        next_claim = now + self.settings.claim_idle / 2
+                abandoned = self._takeover.claim(min(room, 100))
+                if abandoned:
+                    logger.info(
+                        "group=%s took over %d check requests of a dead instance", self.producer_group, len(abandoned)
+                    )
+                    self._dispatch(abandoned)
                     continue
                 reply = self.client.xreadgroup(
                     PRODUCERS_CONSUMER_GROUP,
@@ -141,20 +124,6 @@ class CheckRequestHandler:
             while len(self._in_hand) >= self.settings.check_queue_size and not self._stop.is_set():
                 self._room.wait(0.5)
             return max(0, self.settings.check_queue_size - len(self._in_hand))
-
-    def _claim_abandoned(self, room: int) -> list[Any]:
-        cursor, claimed, *_ = self.client.xautoclaim(
-            self.keys.check_requests,
-            PRODUCERS_CONSUMER_GROUP,
-            self.instance_id,
-            int(self.settings.claim_idle * 1000),
-            start_id=self._claim_cursor,
-            count=min(room, 100),
-        )
-        self._claim_cursor = entries.text(cursor) or "0-0"
-        if claimed:
-            logger.info("group=%s took over %d check requests of a dead instance", self.producer_group, len(claimed))
-        return list(claimed)
 
     def _dispatch(self, batch: list[Any]) -> None:
         for entry_id, fields in batch:

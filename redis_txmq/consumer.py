@@ -19,15 +19,13 @@ from .config import Settings
 from .connection import instance_id, resolve_client
 from .entries import ConsumedMessage, decode_topic_entry, stream_batches, text
 from .errors import ConfigurationError, CorruptEntryError, TxMQConnectionError
-from .groups import ensure_consumer_group
+from .groups import CURSOR_START, ensure_consumer_group
 from .keys import TopicKeys
 from .message import validate_name
 from .scripts import CONSUMER_PRELUDE, preload, register_script
 from .topics import partition_keys
 
 logger = logging.getLogger(__name__)
-
-_CURSOR_START = "0-0"
 
 
 class Consumer:
@@ -71,7 +69,7 @@ class Consumer:
         self._by_stream = {keys.topic_stream: keys for keys in self.partitions}
         self._claim = register_script(self.client, "consumer_claim", CONSUMER_PRELUDE)
         self._dead_letter = register_script(self.client, "consumer_dead_letter", CONSUMER_PRELUDE)
-        self._claim_cursors = {keys.topic_stream: _CURSOR_START for keys in self.partitions}
+        self._claim_cursors = {keys.topic_stream: CURSOR_START for keys in self.partitions}
         self._next_claim = 0.0
         self._next_partition = 0
         self._stop = threading.Event()
@@ -122,13 +120,13 @@ class Consumer:
     def _claim_abandoned(self) -> list[ConsumedMessage]:
         """XAUTOCLAIM through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once a scan ends."""
         now = time.monotonic()
-        scanning = any(cursor != _CURSOR_START for cursor in self._claim_cursors.values())
+        scanning = any(cursor != CURSOR_START for cursor in self._claim_cursors.values())
         if not scanning and now < self._next_claim:
             return []
         messages: list[ConsumedMessage] = []
         for keys in self.partitions:
             cursor = self._claim_cursors[keys.topic_stream]
-            if scanning and cursor == _CURSOR_START:
+            if scanning and cursor == CURSOR_START:
                 continue
             reply = self._claim(
                 keys=self._script_keys(keys),
@@ -141,14 +139,14 @@ class Consumer:
                     self.max_deliveries,
                 ],
             )
-            self._claim_cursors[keys.topic_stream] = text(reply[0]) or _CURSOR_START
+            self._claim_cursors[keys.topic_stream] = text(reply[0]) or CURSOR_START
             claimed = [(entry_id, fields, int(count)) for entry_id, count, fields in reply[1:]]
             for entry_id, _, count in claimed:
                 logger.info(
                     "topic=%s group=%s re-delivering %s (delivery %d)", self.topic, self.group, text(entry_id), count
                 )
             messages.extend(self._decode_all(keys, claimed))
-        if all(cursor == _CURSOR_START for cursor in self._claim_cursors.values()):
+        if all(cursor == CURSOR_START for cursor in self._claim_cursors.values()):
             self._next_claim = now + self.min_idle_time / 2
         return messages
 

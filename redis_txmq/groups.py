@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import redis
 
+from .entries import text
 from .errors import TxMQConnectionError
 from .scripts import script_source
 
 _ENSURE_GROUP = "ensure_group"
+CURSOR_START = "0-0"
 
 
 def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = "0") -> bool:
@@ -22,3 +25,32 @@ def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = 
         return bool(int(client.eval(script_source(_ENSURE_GROUP), 1, stream, group, start_id)))
     except redis.RedisError as exc:
         raise TxMQConnectionError(f"stream {stream!r}: could not create consumer group {group!r}: {exc}") from exc
+
+
+class PendingTakeover:
+    """Takes over entries that a dead reader of a consumer group left pending (read, never acknowledged).
+
+    XAUTOCLAIM walks the pending list with a cursor, a batch per call; once a walk ends, the next starts
+    ``claim_idle / 2`` seconds later, so a live group pays about nothing for it."""
+
+    def __init__(self, client: Any, stream: str, group: str, consumer: str, claim_idle: float) -> None:
+        self.client = client
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+        self.claim_idle = claim_idle
+        self._cursor = CURSOR_START
+        self._next_walk = 0.0
+
+    def claim(self, count: int) -> list[Any]:
+        """Up to ``count`` entries idle for ``claim_idle`` or longer, now owned by ``consumer``; [] when not due."""
+        now = time.monotonic()
+        if self._cursor == CURSOR_START and now < self._next_walk:
+            return []
+        cursor, claimed, *_ = self.client.xautoclaim(
+            self.stream, self.group, self.consumer, int(self.claim_idle * 1000), start_id=self._cursor, count=count
+        )
+        self._cursor = text(cursor) or CURSOR_START
+        if self._cursor == CURSOR_START:
+            self._next_walk = now + self.claim_idle / 2
+        return list(claimed)

@@ -1,0 +1,28 @@
+"""Liveness of producer and checker instances, on the Redis server's clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .scripts import preload, register_script
+
+
+class Heartbeat:
+    """Registers an instance as live in a zset, on the server's clock (``lua/heartbeat.lua``)."""
+
+    def __init__(self, client: Any, instances_key: str, instance_id: str, interval: float) -> None:
+        self.client = client
+        self.instances_key = instances_key
+        self.instance_id = instance_id
+        self.live_ms = int(interval * 3000)
+        self._script = register_script(client, "heartbeat")
+
+    def load(self) -> None:
+        preload(self._script)
+
+    def beat(self) -> int:
+        """Record this instance; returns how many instances are live."""
+        return int(self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "beat"]))
+
+    def leave(self) -> None:
+        self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "leave"])
