@@ -16,6 +16,7 @@ import redis
 
 from . import entries
 from .config import Settings
+from .direct import ScriptRunner
 from .errors import (
     CorruptEntryError,
     PrepareError,
@@ -57,6 +58,19 @@ class EndResult:
     half_id: str
     committed_id: str | None
     applied: bool
+
+
+@dataclass(frozen=True)
+class EndCall:
+    """One end of a transaction, as queued by a one-way producer."""
+
+    keys: TopicKeys
+    transaction_id: str
+    producer_group: str
+    outcome: LocalTransactionState
+    source: EndSource
+    remark: str | None = None
+    half_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,12 @@ class RedisBroker:
         self._dead_resolve = register_topic_script(client, "dead_resolve")
         self._registered: set[str] = set()
         self._registry_lock = threading.Lock()
+        self.runner = ScriptRunner(client)
+        self._dedupe_window_ms = int(self.settings.dedupe_window * 1000)
+
+    def close(self) -> None:
+        """Close the connections of the send path's fast lane (the client itself stays open)."""
+        self.runner.close()
 
     def load_scripts(self) -> None:
         """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
@@ -130,7 +150,7 @@ class RedisBroker:
         args = entries.prepare_args(message, transaction_id, producer_group, keys.partition)
         try:
             self.register_topic(keys)
-            reply = self._prepare(keys=keys.script_keys(), args=args)
+            reply = self.runner.run(self._prepare, keys.script_keys(), args)
         except redis.RedisError as exc:
             raise PrepareError(
                 f"topic {message.topic!r}, transaction {transaction_id}: could not write the half message "
@@ -155,31 +175,69 @@ class RedisBroker:
         half_id: str | None = None,
     ) -> EndResult:
         """Apply COMMIT / ROLLBACK (or record the remark of UNKNOWN) in one atomic script call."""
-        args = [
+        args = self._end_args(transaction_id, producer_group, outcome, source, remark, half_id)
+        try:
+            reply = self.runner.run(self._end, keys.script_keys(), args)
+        except redis.RedisError as exc:
+            raise _end_call_error(exc, keys, transaction_id) from exc
+        return _end_result(reply, keys, transaction_id)
+
+    def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:
+        """Apply many ends in one pipeline (the one-way producer's flusher); each script stays atomic.
+
+        Returns, in order, the :class:`EndResult` or the :class:`TxMQError` of each end; a connection
+        failure of the whole pipeline is raised as :class:`TxMQConnectionError`."""
+        calls = [
+            (
+                self._end,
+                end.keys.script_keys(),
+                self._end_args(end.transaction_id, end.producer_group, end.outcome, end.source, end.remark, end.half_id),
+            )
+            for end in ends
+        ]
+        try:
+            replies = self.runner.run_many(calls)
+        except redis.RedisError as exc:
+            raise TxMQConnectionError(
+                f"{len(ends)} end calls failed ({exc}); the check-back will resolve those transactions"
+            ) from exc
+        results: list[EndResult | TxMQError] = []
+        for end, reply in zip(ends, replies, strict=True):
+            if isinstance(reply, redis.RedisError):
+                results.append(_end_call_error(reply, end.keys, end.transaction_id))
+                continue
+            try:
+                results.append(_end_result(reply, end.keys, end.transaction_id))
+            except TxMQError as exc:
+                results.append(exc)
+        return results
+
+    def _end_args(
+        self,
+        transaction_id: str,
+        producer_group: str,
+        outcome: LocalTransactionState,
+        source: EndSource,
+        remark: str | None,
+        half_id: str | None,
+    ) -> list[Any]:
+        return [
             transaction_id,
             producer_group,
             LocalTransactionState(outcome).value,
             source.value,
             remark or "",
-            int(self.settings.dedupe_window * 1000),
+            self._dedupe_window_ms,
             self.settings.op_stream_maxlen,
             half_id or "",
         ]
-        where = f"topic {keys.topic!r}, transaction {transaction_id}"
-        try:
-            reply = self._end(keys=keys.script_keys(), args=args)
-        except redis.ResponseError as exc:
-            raise TxMQError(f"{where}: the end script failed ({exc}); the transaction is still in flight") from exc
-        except redis.RedisError as exc:
-            raise TxMQConnectionError(f"{where}: end call failed ({exc}); the check-back will resolve it") from exc
-        return _end_result(reply, keys, transaction_id)
 
     def resolve_dead(self, keys: TopicKeys, transaction_id: str, action: DeadAction, remark: str = "") -> EndResult:
         """Commit, roll back or re-check a dead-lettered transaction (``lua/dead_resolve.lua``)."""
         args = [
             transaction_id,
             DeadAction(action).value,
-            int(self.settings.dedupe_window * 1000),
+            self._dedupe_window_ms,
             self.settings.op_stream_maxlen,
             remark,
         ]
@@ -225,6 +283,13 @@ class RedisBroker:
             raise TxMQConnectionError(f"topic {keys.topic!r}{tx}: {what} failed: {exc}") from exc
 
 
+def _end_call_error(exc: redis.RedisError, keys: TopicKeys, transaction_id: str) -> TxMQError:
+    where = f"topic {keys.topic!r}, transaction {transaction_id}"
+    if isinstance(exc, redis.ResponseError):
+        return TxMQError(f"{where}: the end script failed ({exc}); the transaction is still in flight")
+    return TxMQConnectionError(f"{where}: end call failed ({exc}); the check-back will resolve it")
+
+
 def _end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
     """Map an end-like script reply to an :class:`EndResult` or the matching :class:`TransactionError`."""
     status, first, second, third, fourth = _reply(reply, 5)
@@ -240,5 +305,6 @@ def _end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
 
 
 def _reply(reply: Any, width: int) -> list[str]:
-    values = [entries.text(v) or "" for v in reply]
+    # On the send path: decode inline rather than through entries.text for each value.
+    values = [v.decode("utf-8", "replace") if type(v) is bytes else ("" if v is None else str(v)) for v in reply]
     return values + [""] * (width - len(values))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
+import os
 from types import TracebackType
 from typing import Any
 
@@ -97,6 +97,7 @@ class TransactionProducer:
             self._state = _State.SHUT_DOWN
         if was_running:
             self._check_handler.shutdown()
+        self.broker.close()
         if self._owns_client:
             self.client.close()
 
@@ -129,7 +130,7 @@ class TransactionProducer:
                 f"topic {message.topic!r}: could not read the topic's partitions ({exc}); nothing was written, "
                 "retry the send"
             ) from exc
-        transaction_id = uuid.uuid4().hex
+        transaction_id = os.urandom(16).hex()
         prepared = self.broker.prepare_half(keys, message, transaction_id, self.producer_group)
         if prepared.state != "PREPARED":
             raise PrepareError(

@@ -253,14 +253,16 @@ def test_ended_outcomes_expire_as_new_ends_arrive(client, listener):
 
 
 def test_failed_end_returns_result_and_leaves_transaction_in_flight(client, producer, caplog):
-    real_end = producer.broker._end
+    real_run = producer.broker.runner.run
 
-    def lost_connection(*args, **kwargs):
-        raise redis.ConnectionError("connection reset")
+    def lost_connection_on_end(script, keys, args):
+        if script is producer.broker._end:
+            raise redis.ConnectionError("connection reset")
+        return real_run(script, keys, args)
 
-    producer.broker._end = lost_connection
+    producer.broker.runner.run = lost_connection_on_end
     result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
-    producer.broker._end = real_end
+    producer.broker.runner.run = real_run
     assert result.local_transaction_state is COMMIT and result.committed_id is None
     assert "check-back will resolve it" in result.end_error
     assert in_flight(client) == {result.transaction_id: result.half_id}

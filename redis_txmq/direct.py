@@ -1,0 +1,201 @@
+"""Runs the transaction scripts by SHA with the least client-side work: the send path's fast lane.
+
+redis-py's generic command path (pool checkout with a readiness poll, observability hooks, response
+callbacks) costs about as much Python time as the round trip itself. A send is two script calls, so on
+a standalone Redis :class:`ScriptRunner` keeps its own connections (made like the client's, one per thread
+that is sending at the same moment, never counted against the client's pool) and does only pack, send and
+read. The semantics stay redis-py's: the connection's retry policy on connection errors, NOSCRIPT answered
+by loading the script and calling again, reply errors raised as ``redis.ResponseError``.
+
+A Redis Cluster client, a single-connection client or an unusual pool goes through redis-py's ``Script``
+objects and pipelines instead: the same results, without the shortcut.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - redis[hiredis] is a dependency, but the plain install works too
+    _hiredis_pack = None
+
+logger = logging.getLogger(__name__)
+
+ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
+"""``(script, keys, args)``: a redis-py ``Script`` (registered on the runner's client), its KEYS and ARGV."""
+
+_DIRECT_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+
+
+class ScriptRunner:
+    """Calls redis-py ``Script`` objects one at a time (:meth:`run`) or in one pipeline (:meth:`run_many`).
+
+    Thread-safe. :meth:`close` releases the connections it made."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        pool = getattr(client, "connection_pool", None)
+        self._direct = (
+            type(pool) in _DIRECT_POOLS
+            and getattr(client, "connection", None) is None
+            and issubclass(pool.connection_class, redis.Connection | redis.UnixDomainSocketConnection)
+        )
+        self._pool = pool
+        utf8 = self._direct and pool.connection_kwargs.get("encoding", "utf-8").lower().replace("-", "") == "utf8"
+        # hiredis packs str as UTF-8, ints as decimal: what redis-py's own packers send for these arguments.
+        self._pack = _hiredis_pack if utf8 and _hiredis_pack is not None else None
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._all: list[Any] = []
+
+    @property
+    def direct(self) -> bool:
+        """True when calls use the runner's own connections (standalone Redis)."""
+        return self._direct
+
+    def run(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """EVALSHA ``script``; returns the reply, raises ``redis.RedisError`` like ``script(keys, args)``."""
+        if not self._direct:
+            return script(keys=keys, args=args)
+        conn = self._acquire()
+        healthy = False
+
+        def failed(_error: Exception) -> None:
+            conn.disconnect()
+
+        try:
+            try:
+                reply = conn.retry.call_with_retry(lambda: self._exchange_one(conn, script, keys, args), failed)
+            except NoScriptError:
+                conn.retry.call_with_retry(lambda: self._load(conn, [script]), failed)
+                reply = conn.retry.call_with_retry(lambda: self._exchange_one(conn, script, keys, args), failed)
+            healthy = True
+        except redis.ResponseError:
+            healthy = True
+            raise
+        finally:
+            self._release(conn, healthy)
+        return reply
+
+    def run_many(self, calls: Sequence[ScriptCall], *, raise_on_error: bool = False) -> list[Any]:
+        """Send every call in one pipeline (not a MULTI: each script is atomic on its own).
+
+        Returns one reply per call, in order; a call the server refused has its ``redis.ResponseError`` in
+        its place (or raised, with ``raise_on_error``). A connection error after the retries is raised."""
+        if not calls:
+            return []
+        if not self._direct:
+            return self._run_pipeline(calls, raise_on_error)
+        conn = self._acquire()
+        healthy = False
+        try:
+            replies = conn.retry.call_with_retry(lambda: self._exchange(conn, calls), lambda _error: conn.disconnect())
+            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if missing:
+                scripts = {id(calls[i][0]): calls[i][0] for i in missing}.values()
+                conn.retry.call_with_retry(lambda: self._load(conn, scripts), lambda _error: conn.disconnect())
+                again = conn.retry.call_with_retry(
+                    lambda: self._exchange(conn, [calls[i] for i in missing]), lambda _error: conn.disconnect()
+                )
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+            healthy = True
+        finally:
+            self._release(conn, healthy)
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, redis.ResponseError):
+                    raise reply
+        return replies
+
+    def close(self) -> None:
+        """Close the runner's own connections; calls after this still work on fresh ones."""
+        with self._lock:
+            self._closed = True
+            connections, self._all, self._idle = self._all, [], []
+        for conn in connections:
+            conn.disconnect()
+
+    def _exchange_one(self, conn: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        conn.send_packed_command([self._pack(command)] if self._pack is not None else conn.pack_command(*command))
+        return conn.read_response()
+
+    def _exchange(self, conn: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+        pack = self._pack
+        packed: list[bytes] = []
+        for script, keys, args in calls:
+            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            if pack is not None:
+                packed.append(pack(command))
+            else:
+                packed.extend(conn.pack_command(*command))
+        conn.send_packed_command([b"".join(packed)])
+        replies: list[Any] = []
+        for _ in calls:
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    @staticmethod
+    def _load(conn: Any, scripts: Any) -> None:
+        for script in scripts:
+            conn.send_command("SCRIPT", "LOAD", script.script)
+            sha = conn.read_response()
+            script.sha = sha.decode() if isinstance(sha, bytes) else sha
+
+    def _acquire(self) -> Any:
+        if self._pid != os.getpid():
+            # A forked child must not share its parent's sockets.
+            with self._lock:
+                self._pid, self._idle, self._all = os.getpid(), [], []
+        try:
+            return self._idle.pop()
+        except IndexError:
+            conn = self._pool.connection_class(**self._pool.connection_kwargs)
+            with self._lock:
+                if not self._closed:
+                    self._all.append(conn)
+            return conn
+
+    def _release(self, conn: Any, healthy: bool) -> None:
+        if not healthy:
+            # An interrupted exchange may leave replies unread on the socket.
+            conn.disconnect()
+        if self._closed:
+            conn.disconnect()
+            return
+        self._idle.append(conn)
+
+    def _run_pipeline(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        replies = pipe.execute(raise_on_error=False)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            pipe = self.client.pipeline(transaction=False)
+            for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+                script.sha = self.client.script_load(script.script)
+            for i in missing:
+                script, keys, args = calls[i]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
