@@ -191,7 +191,9 @@ class RedisBroker:
             (
                 self._end,
                 end.keys.script_keys(),
-                self._end_args(end.transaction_id, end.producer_group, end.outcome, end.source, end.remark, end.half_id),
+                self._end_args(
+                    end.transaction_id, end.producer_group, end.outcome, end.source, end.remark, end.half_id
+                ),
             )
             for end in ends
         ]
