@@ -175,9 +175,9 @@ class RedisBroker:
         half_id: str | None = None,
     ) -> EndResult:
         """Apply COMMIT / ROLLBACK (or record the remark of UNKNOWN) in one atomic script call."""
-        args = self._end_args(transaction_id, producer_group, outcome, source, remark, half_id)
+        end = EndCall(keys, transaction_id, producer_group, outcome, source, remark, half_id)
         try:
-            reply = self.runner.run(self._end, keys.script_keys(), args)
+            reply = self.runner.run(self._end, keys.script_keys(), self._end_args(end))
         except redis.RedisError as exc:
             raise _end_call_error(exc, keys, transaction_id) from exc
         return _end_result(reply, keys, transaction_id)
@@ -187,16 +187,7 @@ class RedisBroker:
 
         Returns, in order, the :class:`EndResult` or the :class:`TxMQError` of each end; a connection
         failure of the whole pipeline is raised as :class:`TxMQConnectionError`."""
-        calls = [
-            (
-                self._end,
-                end.keys.script_keys(),
-                self._end_args(
-                    end.transaction_id, end.producer_group, end.outcome, end.source, end.remark, end.half_id
-                ),
-            )
-            for end in ends
-        ]
+        calls = [(self._end, end.keys.script_keys(), self._end_args(end)) for end in ends]
         try:
             replies = self.runner.run_many(calls)
         except redis.RedisError as exc:
@@ -214,24 +205,16 @@ class RedisBroker:
                 results.append(exc)
         return results
 
-    def _end_args(
-        self,
-        transaction_id: str,
-        producer_group: str,
-        outcome: LocalTransactionState,
-        source: EndSource,
-        remark: str | None,
-        half_id: str | None,
-    ) -> list[Any]:
+    def _end_args(self, end: EndCall) -> list[Any]:
         return [
-            transaction_id,
-            producer_group,
-            LocalTransactionState(outcome).value,
-            source.value,
-            remark or "",
+            end.transaction_id,
+            end.producer_group,
+            LocalTransactionState(end.outcome).value,
+            end.source.value,
+            end.remark or "",
             self._dedupe_window_ms,
             self.settings.op_stream_maxlen,
-            half_id or "",
+            end.half_id or "",
         ]
 
     def resolve_dead(self, keys: TopicKeys, transaction_id: str, action: DeadAction, remark: str = "") -> EndResult:

@@ -30,6 +30,10 @@ class Settings:
     ``check_queue_size`` requests in hand; instances heartbeat every ``heartbeat_interval`` and count as live for
     three of them. Work read by an instance that died (a producer's check requests, a checker's replies) is taken
     over by a live one once idle for ``claim_idle`` seconds.
+
+    One-way end (``TransactionProducer(oneway_end=True)``): a background flusher sends queued end calls in
+    pipelines of at most ``end_batch_size``, waiting at most ``end_batch_delay`` seconds to fill one; a send
+    waits while ``end_queue_size`` ends are queued (back-pressure instead of unbounded memory).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -45,15 +49,20 @@ class Settings:
     check_queue_size: int = 2000
     heartbeat_interval: float = 5.0
     claim_idle: float = 30.0
+    end_batch_size: int = 256
+    end_batch_delay: float = 0.002
+    end_queue_size: int = 10_000
 
     def __post_init__(self) -> None:
         positive = ("check_interval", "max_age", "heartbeat_interval", "claim_idle")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if not 0 <= self.end_batch_delay <= 10:
+            raise ConfigurationError(f"end_batch_delay must be from 0 to 10 seconds, got {self.end_batch_delay}")
         if self.transaction_timeout < 0:
             raise ConfigurationError(f"transaction_timeout must be >= 0 seconds, got {self.transaction_timeout}")
-        for name in ("check_max", "check_threads", "check_queue_size"):
+        for name in ("check_max", "check_threads", "check_queue_size", "end_batch_size", "end_queue_size"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_message_size < 1:

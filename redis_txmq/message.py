@@ -174,7 +174,10 @@ class Message:
 @dataclass(frozen=True)
 class TransactionSendResult:
     """What ``send_message_in_transaction`` did. ``committed_id`` is the topic stream entry id, set only when
-    the commit was applied; ``end_error`` says why an end call failed (the check-back resolves it)."""
+    the commit was applied; ``end_error`` says why an end call failed (the check-back resolves it).
+    ``end_queued`` is True when a one-way producer queued the end for its flusher: the outcome is applied
+    by ``flush()`` at the latest (or, if the process dies first, by the check-back), and ``committed_id``
+    stays None."""
 
     transaction_id: str
     topic: str
@@ -185,3 +188,4 @@ class TransactionSendResult:
     committed_id: str | None = None
     remark: str | None = None
     end_error: str | None = None
+    end_queued: bool = False

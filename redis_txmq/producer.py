@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from .broker import EndSource, RedisBroker
+from .broker import EndCall, EndSource, RedisBroker
 from .check_handler import CheckRequestHandler
 from .config import Settings
 from .connection import instance_id, resolve_client
@@ -23,6 +23,7 @@ from .message import (
     TransactionSendResult,
     validate_name,
 )
+from .oneway import EndFlusher
 from .topics import PartitionRouter
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,11 @@ class TransactionProducer:
     Thread-safe: one producer may be shared by the threads of a service. Pass ``redis_url`` or ``client``
     (a ``redis.Redis`` or ``redis.cluster.RedisCluster`` with ``decode_responses=False``); with neither,
     ``TXMQ_REDIS_URL`` or the default URL is used.
+
+    With ``oneway_end=True`` a send returns right after the local transaction and the end call is queued
+    for a background flusher that pipelines them (RocketMQ's ``endTransactionOneway``); :meth:`flush`
+    waits until they are applied and :meth:`shutdown` flushes. An end lost with the process is resolved by
+    the check-back, as any end that never arrived.
     """
 
     def __init__(
@@ -51,6 +57,7 @@ class TransactionProducer:
         redis_url: str | None = None,
         client: Any = None,
         settings: Settings | None = None,
+        oneway_end: bool = False,
     ) -> None:
         self.producer_group = validate_name(producer_group, "producer group")
         if not isinstance(listener, TransactionListener):
@@ -65,6 +72,8 @@ class TransactionProducer:
             self.client, self.producer_group, listener, self.settings, self.instance_id
         )
         self._router = PartitionRouter(self.client)
+        self.oneway_end = oneway_end
+        self._flusher = EndFlusher(self.broker, self.settings, self.producer_group) if oneway_end else None
         self._state = _State.CREATED
         self._lock = threading.Lock()
 
@@ -78,6 +87,8 @@ class TransactionProducer:
                 )
             if self._state == _State.CREATED:
                 self.broker.load_scripts()
+                if self._flusher is not None:
+                    self._flusher.start()
                 try:
                     self._check_handler.start()
                 except redis.RedisError as exc:
@@ -87,15 +98,30 @@ class TransactionProducer:
             self._state = _State.RUNNING
         return self
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every end queued by a one-way producer has been applied (or has failed, which the log
+        says and the check-back repairs); False if ``timeout`` seconds passed first. True at once otherwise."""
+        if self._flusher is None:
+            return True
+        return self._flusher.flush(timeout)
+
+    @property
+    def pending_ends(self) -> int:
+        """Ends a one-way producer has queued and not yet applied."""
+        return 0 if self._flusher is None else self._flusher.pending
+
     def shutdown(self) -> None:
-        """Stop accepting sends and check requests: running checks finish, queued ones are handed back to the
-        group's other instances. Releases the connection pool the producer made itself."""
+        """Stop accepting sends and check requests: queued one-way ends are applied, running checks finish,
+        queued check requests are handed back to the group's other instances. Releases the connection pool
+        the producer made itself."""
         with self._lock:
             if self._state == _State.SHUT_DOWN:
                 return
             was_running = self._state == _State.RUNNING
             self._state = _State.SHUT_DOWN
         if was_running:
+            if self._flusher is not None:
+                self._flusher.close()
             self._check_handler.shutdown()
         self.broker.close()
         if self._owns_client:
@@ -142,18 +168,17 @@ class TransactionProducer:
         )
         committed_id: str | None = None
         end_error: str | None = None
+        end_queued = False
         if state is not LocalTransactionState.UNKNOWN or remark:
+            group, half_id, source = self.producer_group, prepared.half_id, EndSource.PRODUCER
             try:
-                ended = self.broker.end_transaction(
-                    keys,
-                    transaction_id,
-                    self.producer_group,
-                    state,
-                    source=EndSource.PRODUCER,
-                    remark=remark,
-                    half_id=prepared.half_id,
-                )
-                committed_id = ended.committed_id
+                if self._flusher is not None:
+                    self._flusher.submit(EndCall(keys, transaction_id, group, state, source, remark, half_id))
+                    end_queued = True
+                else:
+                    committed_id = self.broker.end_transaction(
+                        keys, transaction_id, group, state, source=source, remark=remark, half_id=half_id
+                    ).committed_id
             except TxMQError as exc:
                 end_error = str(exc)
                 logger.warning("tx=%s topic=%s end %s failed: %s", transaction_id, message.topic, state.value, exc)
@@ -168,4 +193,5 @@ class TransactionProducer:
             committed_id=committed_id,
             remark=remark,
             end_error=end_error,
+            end_queued=end_queued,
         )

@@ -1,0 +1,139 @@
+"""One-way end: RocketMQ's ``endTransactionOneway`` with the batching of its 5.x op writes.
+
+A one-way producer returns from a send right after the local transaction and leaves the end call to an
+:class:`EndFlusher`, which sends queued ends in pipelines (each end is still one atomic script call). An end
+that never reaches Redis (the process died with it queued, or Redis was unreachable) changes nothing in
+the guarantees: the half message stays in flight and the check-back resolves it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+from .broker import EndCall, RedisBroker
+from .config import Settings
+from .errors import ProducerStateError, TxMQError
+
+logger = logging.getLogger(__name__)
+
+
+class EndFlusher:
+    """Queues end calls and applies them in batches from one background thread. Thread-safe."""
+
+    def __init__(self, broker: RedisBroker, settings: Settings, name: str) -> None:
+        self.broker = broker
+        self.batch_size = settings.end_batch_size
+        self.batch_delay = settings.end_batch_delay
+        self.queue_size = settings.end_queue_size
+        self.name = name
+        self.applied = 0
+        """Ends the flusher sent and Redis accepted (including repeats of an end already applied)."""
+        self.failed = 0
+        """Ends that failed (logged with their transaction id); the check-back resolves those transactions."""
+        self._queue: collections.deque[EndCall] = collections.deque()
+        self._pending = 0
+        self._flushes_waiting = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"txmq-end-flusher-{name}", daemon=True)
+
+    @property
+    def pending(self) -> int:
+        """Ends queued or being sent."""
+        return self._pending
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, end: EndCall) -> None:
+        """Queue an end; waits while ``end_queue_size`` ends are pending."""
+        with self._cond:
+            while self._pending >= self.queue_size and not self._closing:
+                self._cond.wait()
+            if self._closing:
+                raise ProducerStateError(
+                    f"producer group {end.producer_group!r}, transaction {end.transaction_id}: the producer is "
+                    "shutting down; the check-back will resolve this transaction"
+                )
+            self._queue.append(end)
+            self._pending += 1
+            if len(self._queue) == 1 or len(self._queue) >= self.batch_size:
+                self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every end queued before this call has been sent; False if ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._flushes_waiting += 1
+            self._cond.notify_all()
+            try:
+                while self._pending:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._cond.wait(remaining)
+                return True
+            finally:
+                self._flushes_waiting -= 1
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Send what is queued, then stop the thread; False if ``timeout`` passed with ends still queued."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _next_batch(self) -> list[EndCall] | None:
+        with self._cond:
+            while not self._queue:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            deadline = time.monotonic() + self.batch_delay
+            while len(self._queue) < self.batch_size and not self._closing and not self._flushes_waiting:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            count = min(self.batch_size, len(self._queue))
+            return [self._queue.popleft() for _ in range(count)]
+
+    def _run(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                self._send(batch)
+            finally:
+                with self._cond:
+                    self._pending -= len(batch)
+                    self._cond.notify_all()
+
+    def _send(self, batch: list[EndCall]) -> None:
+        try:
+            results = self.broker.end_transactions(batch)
+        except Exception as exc:  # noqa: BLE001 - the flusher thread must outlive any failure; the checker resolves
+            self.failed += len(batch)
+            logger.warning(
+                "producer group %s: %d queued ends failed (%s); the check-back will resolve them (first: tx=%s)",
+                self.name,
+                len(batch),
+                exc,
+                ", ".join(end.transaction_id for end in batch[:5]),
+            )
+            return
+        for end, result in zip(batch, results, strict=True):
+            if isinstance(result, TxMQError):
+                self.failed += 1
+                logger.warning(
+                    "tx=%s topic=%s one-way end %s failed: %s",
+                    end.transaction_id,
+                    end.keys.topic,
+                    end.outcome.value,
+                    result,
+                )
+            else:
+                self.applied += 1
