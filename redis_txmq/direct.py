@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -69,16 +69,12 @@ class ScriptRunner:
             return script(keys=keys, args=args)
         conn = self._acquire()
         healthy = False
-
-        def failed(_error: Exception) -> None:
-            conn.disconnect()
-
         try:
             try:
-                reply = conn.retry.call_with_retry(lambda: self._exchange_one(conn, script, keys, args), failed)
+                reply = _with_retry(conn, lambda: self._exchange_one(conn, script, keys, args))
             except NoScriptError:
-                conn.retry.call_with_retry(lambda: self._load(conn, [script]), failed)
-                reply = conn.retry.call_with_retry(lambda: self._exchange_one(conn, script, keys, args), failed)
+                _with_retry(conn, lambda: self._load(conn, [script]))
+                reply = _with_retry(conn, lambda: self._exchange_one(conn, script, keys, args))
             healthy = True
         except redis.ResponseError:
             healthy = True
@@ -99,14 +95,12 @@ class ScriptRunner:
         conn = self._acquire()
         healthy = False
         try:
-            replies = conn.retry.call_with_retry(lambda: self._exchange(conn, calls), lambda _error: conn.disconnect())
+            replies = _with_retry(conn, lambda: self._exchange(conn, calls))
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
             if missing:
                 scripts = {id(calls[i][0]): calls[i][0] for i in missing}.values()
-                conn.retry.call_with_retry(lambda: self._load(conn, scripts), lambda _error: conn.disconnect())
-                again = conn.retry.call_with_retry(
-                    lambda: self._exchange(conn, [calls[i] for i in missing]), lambda _error: conn.disconnect()
-                )
+                _with_retry(conn, lambda: self._load(conn, scripts))
+                again = _with_retry(conn, lambda: self._exchange(conn, [calls[i] for i in missing]))
                 for i, reply in zip(missing, again, strict=True):
                     replies[i] = reply
             healthy = True
@@ -199,3 +193,20 @@ class ScriptRunner:
                 if isinstance(reply, Exception):
                     raise reply
         return replies
+
+
+def _with_retry(conn: Any, exchange: Callable[[], Any]) -> Any:
+    """Run ``exchange`` under the connection's retry policy, and once more on a new socket after a connection error.
+
+    A socket the server closed while it sat idle (``timeout`` setting, restart, failover) shows only when used;
+    redis-py's pool polls each connection before handing it out, the fast lane retries instead. Every script
+    the runner calls is idempotent, so a second attempt cannot apply anything twice."""
+
+    def failed(_error: Exception) -> None:
+        conn.disconnect()
+
+    try:
+        return conn.retry.call_with_retry(exchange, failed)
+    except redis.ConnectionError:
+        conn.disconnect()
+        return conn.retry.call_with_retry(exchange, failed)

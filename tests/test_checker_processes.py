@@ -242,6 +242,64 @@ def test_producer_dead_between_half_and_end_is_committed_once_by_a_new_instance(
     assert recovered < 10, f"took {recovered:.2f} s"
 
 
+ONE_WAY_PRODUCER = textwrap.dedent(
+    """
+    import sys, threading
+    from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
+
+    redis_url, topic, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+    class CommitAll(TransactionListener):
+        def execute_local_transaction(self, message, arg):
+            return LocalTransactionState.COMMIT
+
+        def check_local_transaction(self, message):
+            return None
+
+    # a flusher that waits 10 s to fill a batch of 10,000: every end is still queued when the test kills us
+    settings = Settings(heartbeat_interval=0.5, end_batch_size=10_000, end_batch_delay=10)
+    producer = TransactionProducer("oneway_group", CommitAll(), redis_url=redis_url, settings=settings, oneway_end=True)
+    producer.start()
+    for i in range(count):
+        result = producer.send_message_in_transaction(Message(topic, b"order %d" % i))
+        assert result.end_queued
+        sys.stdout.write(result.transaction_id + "\\n")
+    sys.stdout.write("queued %d\\n" % producer.pending_ends)
+    sys.stdout.flush()
+    threading.Event().wait()
+    """
+)
+
+
+def test_one_way_producer_killed_with_ends_queued_every_commit_lands_once(real_client, redis_url, checkers):
+    topic, count = "oneway-orders", 50
+    killed = subprocess.Popen(
+        [sys.executable, "-c", ONE_WAY_PRODUCER, redis_url, topic, str(count)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        lines = [killed.stdout.readline().strip() for _ in range(count + 1)]
+        os.kill(killed.pid, signal.SIGKILL)
+        assert killed.wait(10) == -signal.SIGKILL
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+        killed.wait(10)
+    transaction_ids = set(lines[:count])
+    assert lines[count] == f"queued {count}" and len(transaction_ids) == count
+    keys = TopicKeys(topic)
+    assert real_client.xlen(topic) == 0, "an end left the process before the kill"
+    assert {k.decode() for k in real_client.hkeys(keys.inflight)} == transaction_ids
+
+    listener = CommitKnown(transaction_ids)
+    checker = checkers()
+    with TransactionProducer("oneway_group", listener, redis_url=redis_url, settings=PRODUCER_SETTINGS):
+        wait_until(lambda: real_client.xlen(topic) >= count, timeout=30)
+        drain(real_client, "oneway_group")
+    assert checker.terminate()[0] == 0, checker.output()
+    assert committed(real_client, topic) == {tx: 1 for tx in transaction_ids}
+    assert real_client.hlen(keys.inflight) == 0 and real_client.xlen(keys.half_stream) == 0
+
+
 DYING_CHECK_ANSWERER = textwrap.dedent(
     """
     import os, sys, threading

@@ -1,0 +1,84 @@
+"""The send path's fast lane (``ScriptRunner``): same replies and errors as redis-py's ``Script``, recovery from a
+lost connection and from a flushed script cache, its own connections closed on ``close()``."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from redis_txmq.direct import ScriptRunner
+
+ECHO_OR_FAIL = """
+if ARGV[1] == 'fail' then return redis.error_reply('ERR refused ' .. KEYS[1]) end
+redis.call('INCR', KEYS[1])
+return {KEYS[1], ARGV[1]}
+"""
+
+
+@pytest.fixture
+def runner(client):
+    runner = ScriptRunner(client)
+    yield runner
+    runner.close()
+
+
+def test_standalone_clients_take_the_direct_lane(client, runner):
+    assert runner.direct
+    assert not ScriptRunner(redis.Redis(single_connection_client=True)).direct
+
+
+def test_run_gives_the_reply_and_raises_refusals(client, runner):
+    script = client.register_script(ECHO_OR_FAIL)
+    assert runner.run(script, ["k"], ["hello"]) == [b"k", b"hello"]
+    with pytest.raises(redis.ResponseError, match="refused k"):
+        runner.run(script, ["k"], ["fail"])
+    assert runner.run(script, ["k"], [42]) == [b"k", b"42"]
+    assert client.get("k") == b"2"
+
+
+def test_run_many_keeps_order_and_puts_refusals_in_place(client, runner):
+    script = client.register_script(ECHO_OR_FAIL)
+    replies = runner.run_many([(script, [f"k{i}"], ["fail" if i == 2 else str(i)]) for i in range(5)])
+    assert [r if isinstance(r, list) else "refused" for r in replies] == [
+        [b"k0", b"0"],
+        [b"k1", b"1"],
+        "refused",
+        [b"k3", b"3"],
+        [b"k4", b"4"],
+    ]
+    assert isinstance(replies[2], redis.ResponseError)
+    assert runner.run_many([]) == []
+
+
+def test_script_cache_flushed_between_calls(client, runner):
+    script = client.register_script(ECHO_OR_FAIL)
+    assert runner.run(script, ["k"], ["a"]) == [b"k", b"a"]
+    client.script_flush()
+    assert runner.run(script, ["k"], ["b"]) == [b"k", b"b"]
+    client.script_flush()
+    assert [r[1] for r in runner.run_many([(script, ["k"], ["c"]), (script, ["k"], ["d"])])] == [b"c", b"d"]
+
+
+def test_a_killed_connection_is_reopened(real_client, redis_url):
+    client = redis.Redis.from_url(redis_url)
+    runner = ScriptRunner(client)
+    script = client.register_script(ECHO_OR_FAIL)
+    try:
+        assert runner.run(script, ["k"], ["before"]) == [b"k", b"before"]
+        real_client.client_kill_filter(_type="normal", skipme=True)
+        assert runner.run(script, ["k"], ["after"]) == [b"k", b"after"]
+    finally:
+        runner.close()
+        client.close()
+
+
+def test_close_releases_the_runners_connections(real_client, redis_url):
+    client = redis.Redis.from_url(redis_url)
+    runner = ScriptRunner(client)
+    script = client.register_script(ECHO_OR_FAIL)
+    before = len(real_client.client_list())
+    runner.run(script, ["k"], ["x"])
+    assert len(real_client.client_list()) == before + 1
+    runner.close()
+    assert len(real_client.client_list()) == before
+    client.close()
