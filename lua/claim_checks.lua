@@ -9,17 +9,20 @@
 -- ARGV[3] check_max                checks before giving up
 -- ARGV[4] max_age_ms               age (from born_ms) after which it is given up
 -- ARGV[5] limit                    at most this many transactions per call
+-- ARGV[6] dedupe_window_ms         outcomes (and op records) older than this are forgotten, up to 1000 per call
 -- Reply: {'OK', {{transaction_id, half_id, check_times, half_fields}, ...}, {{transaction_id, reason}, ...}}
 --        (to check; dead-lettered) or {'ERR', 'BADARG', detail}.
 
 local timeout_ms, interval_ms, check_max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local max_age_ms, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
-if not (timeout_ms and interval_ms and check_max and max_age_ms and limit)
-    or timeout_ms < 0 or interval_ms <= 0 or check_max < 1 or max_age_ms <= 0 or limit < 1 then
-  return fail('BADARG', 'need transaction_timeout_ms >= 0, check_interval_ms > 0, check_max >= 1, max_age_ms > 0, limit >= 1')
+local max_age_ms, limit, window_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+if not (timeout_ms and interval_ms and check_max and max_age_ms and limit and window_ms)
+    or timeout_ms < 0 or interval_ms <= 0 or check_max < 1 or max_age_ms <= 0 or limit < 1 or window_ms < 0 then
+  return fail('BADARG', 'need transaction_timeout_ms >= 0, check_interval_ms > 0, check_max >= 1, max_age_ms > 0, '
+    .. 'limit >= 1, dedupe_window_ms >= 0')
 end
 
 local now = now_ms()
+expire_ended(now, window_ms, 1000)
 local candidates = redis.call('ZRANGEBYSCORE', unchecked, '-inf', string.format('%d', now - timeout_ms), 'LIMIT', 0, limit)
 if #candidates < limit then
   local more = redis.call('ZRANGEBYSCORE', due, '-inf', string.format('%d', now), 'LIMIT', 0, limit - #candidates)

@@ -26,7 +26,7 @@ if not window_ms or window_ms < 0 or not op_maxlen or op_maxlen < 1 then
 end
 
 local now = now_ms()
-expire_ended(now, window_ms)
+expire_ended(now, window_ms, 16)
 
 local half_id = redis.call('HGET', inflight, txid)
 if not half_id then

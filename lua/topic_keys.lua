@@ -53,12 +53,18 @@ local function split_ended(value)
   return parts[1], parts[2], parts[3], parts[4]
 end
 
--- Forget ended transactions whose dedupe window has passed; a few per call keeps up with the end rate.
-local function expire_ended(now, window_ms)
-  local old = redis.call('ZRANGEBYSCORE', ended_at, '-inf', '(' .. string.format('%d', now - window_ms), 'LIMIT', 0, 16)
+-- Forget ended transactions whose dedupe window has passed, at most `limit` of them, and the op records as old:
+-- once the window has passed, a finished transaction holds no memory. Each end call forgets a few (keeping up
+-- with the end rate); the checker's rounds forget the rest when traffic stops.
+local function expire_ended(now, window_ms, limit)
+  local cutoff = string.format('%d', now - window_ms)
+  local old = redis.call('ZRANGEBYSCORE', ended_at, '-inf', '(' .. cutoff, 'LIMIT', 0, limit)
   if #old > 0 then
     redis.call('HDEL', ended, unpack(old))
     redis.call('ZREM', ended_at, unpack(old))
+  end
+  if window_ms > 0 then
+    redis.call('XTRIM', op_stream, 'MINID', cutoff)
   end
 end
 

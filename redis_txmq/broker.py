@@ -238,6 +238,7 @@ class RedisBroker:
             s.check_max,
             int(s.max_age * 1000),
             limit,
+            self._dedupe_window_ms,
         ]
         reply = self._call(self._claim_checks, keys, args, "claim checks")
         if entries.text(reply[0]) != "OK":
