@@ -1,19 +1,76 @@
-"""What the benchmark scripts share: a Redis to measure against, and how results are printed."""
+"""What the measurements share: the message body, the listeners, ratio statistics and the keys a run may delete."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
-from redis_txmq.embedded import EmbeddedRedis
+from checker import Checker
+from redis_txmq import LocalTransactionState, Message, TransactionListener
+from redis_txmq.keys import GROUP_REGISTRY, TOPIC_REGISTRY, GroupKeys, TopicKeys
+
+BODY = b'{"order_id": 123456, "amount": 42.5, "customer": "someone", "currency": "EUR"}'
+"""A typical small order event (79 bytes)."""
+TOPIC_PREFIX = "bench-"
+"""Every key a measurement writes starts with this (or is a companion key of such a topic): a run against a
+shared Redis deletes these and nothing else."""
 
 
-def run_and_print(measure: Callable[..., dict[str, float]], redis_url: str | None, **options: Any) -> None:
-    """Run ``measure(url, **options)`` on ``redis_url``, or on a redis-server of its own; print each figure."""
-    if redis_url:
-        result = measure(redis_url, **options)
-    else:
-        with EmbeddedRedis() as server:
-            result = measure(server.url, **options)
-    for name, value in result.items():
-        print(f"{name:>16}: {value:,.2f}")
+class Answer(TransactionListener):
+    """Answers every local transaction and check-back with one state (None: UNKNOWN, a producer that "crashed")."""
+
+    def __init__(self, state: LocalTransactionState | None) -> None:
+        self.state = state
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
+        return self.state
+
+    def check_local_transaction(self, message: Message) -> LocalTransactionState | None:
+        return self.state
+
+
+def topic_keys(client: Any, topic: str) -> list[str]:
+    """The topic stream and every companion key of an unpartitioned bench topic."""
+    assert topic.startswith(TOPIC_PREFIX), topic
+    return TopicKeys(topic).script_keys()
+
+
+def delete_topic(client: Any, topic: str) -> None:
+    """Delete a bench topic and its companions, one key per call (cluster-safe)."""
+    for key in topic_keys(client, topic):
+        client.delete(key)
+    client.srem(TOPIC_REGISTRY, topic)
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median and 10th / 90th percentiles (the median alone for fewer than 4 values)."""
+    ordered = sorted(values)
+    median = statistics.median(ordered)
+    if len(ordered) < 4:
+        return {"median": median, "p10": ordered[0], "p90": ordered[-1]}
+    deciles = statistics.quantiles(ordered, n=10)
+    return {"median": median, "p10": deciles[0], "p90": deciles[-1]}
+
+
+class TopicChecker(Checker):
+    """A checker that scans only the given bench topics: against a shared Redis it must not check (with the
+    bench's short timeouts) transactions of real topics."""
+
+    def __init__(self, client: Any, settings: Any, topics: list[str], **options: Any) -> None:
+        super().__init__(client, settings, **options)
+        self._bench_topics = [TopicKeys(topic) for topic in topics]
+
+    def topics(self) -> list[TopicKeys]:
+        return self._bench_topics
+
+
+def delete_groups(client: Any) -> None:
+    """Delete the check-request keys of every bench producer group (after its producers have shut down)."""
+    for member in client.smembers(GROUP_REGISTRY):
+        group = member.decode()
+        if group.startswith(TOPIC_PREFIX):
+            keys = GroupKeys(group)
+            client.delete(keys.check_requests)
+            client.delete(keys.producers)
+            client.srem(GROUP_REGISTRY, member)

@@ -1,6 +1,6 @@
 """Rows per second of a Spark batch read (local[2]) of a topic stream, against a plain Python XRANGE loop.
 
-    python bench/spark_read.py [--redis-url URL] [--entries 1000000] [--rounds 2]
+    python -m bench.spark_read [--redis-url URL] [--entries 1000000] [--rounds 2]
 
 Fills a topic stream with ``entries`` entries in the committed-entry format (transaction_id, body, keys,
 properties) by pipelined XADD, then alternates a Spark read of every column (written to the ``noop`` sink) and a
@@ -17,7 +17,8 @@ import time
 import uuid
 
 import redis
-from common import run_and_print
+
+from redis_txmq.embedded import EmbeddedRedis
 
 TOPIC = "bench-spark-read"
 
@@ -86,6 +87,17 @@ def measure(redis_url: str, entries: int, rounds: int) -> dict[str, float]:
         "xrange_rows_per_s": statistics.median(loop_rates),
         "ratio": statistics.median(s / p for s, p in zip(spark_rates, loop_rates, strict=True)),
     }
+
+
+def run_and_print(measure, redis_url: str | None, **options) -> None:
+    """Run ``measure(url, **options)`` on ``redis_url``, or on a redis-server of its own; print each figure."""
+    if redis_url:
+        result = measure(redis_url, **options)
+    else:
+        with EmbeddedRedis() as server:
+            result = measure(server.url, **options)
+    for name, value in result.items():
+        print(f"{name:>16}: {value:,.2f}")
 
 
 def main() -> None:

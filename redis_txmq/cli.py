@@ -375,3 +375,95 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
         console.print(f"topic {name}: {count} partition{'s' if count > 1 else ''}", highlight=False)
 
     _fail_cleanly(create)
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise click.BadParameter(f"expected comma-separated numbers >= 1, got {text!r}")
+    return values
+
+
+@main.command()
+@click.option(
+    "--redis-url",
+    default=None,
+    help="Measure this Redis (only bench-* topics are written and deleted); "
+    "default: a redis-server of its own on a free port.",
+)
+@click.option("--quick", is_flag=True, help="A smoke run: a few hundred transactions per part.")
+@click.option("--rounds", type=click.IntRange(2), help="Interleaved send rounds (default 60).")
+@click.option("--per-round", type=click.IntRange(1), help="Sends of each kind per round (default 200).")
+@click.option("--processes", help="Producer process counts, comma-separated (default 1,2,4).")
+@click.option("--seconds", type=click.FloatRange(0.1), help="Length of one multi-process load (default 2).")
+@click.option("--repeats", type=click.IntRange(1), help="Interleaved repeats of the multi-process loads (default 3).")
+@click.option("--in-flight", help="Check-back runs: transactions in flight, comma-separated (default 1000,100000).")
+@click.option("--memory-transactions", type=click.IntRange(1), help="Transactions of the memory probe (10000).")
+@click.option(
+    "--memory-wait/--no-memory-wait",
+    default=None,
+    help="Wait out the 60 s dedupe window to measure finished transactions after it (default: yes).",
+)
+@click.option("--cluster", is_flag=True, help="Also run the multi-process loads on a 3-master cluster of its own.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), help="Write the results here.")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write a PNG chart of throughput per producer processes (needs the bench extra: matplotlib).",
+)
+def bench(
+    redis_url: str | None,
+    quick: bool,
+    rounds: int | None,
+    per_round: int | None,
+    processes: str | None,
+    seconds: float | None,
+    repeats: int | None,
+    in_flight: str | None,
+    memory_transactions: int | None,
+    memory_wait: bool | None,
+    cluster: bool,
+    json_path: str | None,
+    plot_path: str | None,
+) -> None:
+    """Measure send rates against plain XADD, producer processes, the checker at scale and memory per transaction."""
+    from pathlib import Path
+
+    from bench.report import print_table, write_json, write_plot
+    from bench.run import BenchOptions, run_bench
+
+    overrides: dict[str, Any] = {
+        "redis_url": redis_url,
+        "rounds": rounds,
+        "per_round": per_round,
+        "processes": _counts(processes) if processes else None,
+        "seconds": seconds,
+        "repeats": repeats,
+        "in_flight": _counts(in_flight) if in_flight else None,
+        "memory_transactions": memory_transactions,
+        "memory_wait": memory_wait,
+        "cluster": cluster,
+    }
+    given = {k: v for k, v in overrides.items() if v is not None}
+    options = BenchOptions.quick(**given) if quick else BenchOptions(**given)
+    if plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError("--plot needs matplotlib: pip install 'redis-txmq[bench]'") from None
+
+    def run() -> None:
+        results = run_bench(options)
+        print_table(results, console)
+        if json_path:
+            write_json(results, Path(json_path))
+            console.print(f"results written to {json_path}", highlight=False)
+        if plot_path:
+            write_plot(results, Path(plot_path))
+            console.print(f"chart written to {plot_path}", highlight=False)
+
+    _fail_cleanly(run)

@@ -1,0 +1,196 @@
+"""Item 3: the aggregate rate of several producer processes against one Redis (or a Redis Cluster).
+
+A pool of worker processes (spawned once) runs one timed load per command: plain XADD, sync sends or one-way
+sends (the time includes the final ``flush()``), each process on its own topic. For every process count the
+three modes run back to back in a rotating order, ``repeats`` times, and the median rate of each is kept.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from redis_txmq import LocalTransactionState, Message, TransactionProducer
+from redis_txmq.connection import connect
+from redis_txmq.embedded import free_port, wait_for_ping
+
+from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, spread
+
+MODES = ("xadd", "sync", "oneway")
+
+
+def _worker(index: int, commands: Any, results: Any) -> None:
+    """Runs loads until it reads None; keeps one producer per (url, mode) for the life of the process."""
+    producers: dict[tuple[str, bool, str], TransactionProducer] = {}
+    clients: dict[tuple[str, bool], Any] = {}
+    used: set[tuple[tuple[str, bool], str]] = set()
+    try:
+        while (command := commands.get()) is not None:
+            url, cluster, mode, seconds, start_at = command
+            client = clients.get((url, cluster))
+            if client is None:
+                client = clients[(url, cluster)] = connect(url, cluster=cluster)
+            topic = f"{TOPIC_PREFIX}w{index}-{mode}"
+            used.add(((url, cluster), topic))
+            if mode != "xadd" and (url, cluster, mode) not in producers:
+                producers[(url, cluster, mode)] = TransactionProducer(
+                    f"{TOPIC_PREFIX}workers",
+                    Answer(LocalTransactionState.COMMIT),
+                    client=client,
+                    oneway_end=mode == "oneway",
+                ).start()
+            results.put(_timed_load(client, producers.get((url, cluster, mode)), topic, seconds, start_at))
+    finally:
+        for producer in producers.values():
+            producer.shutdown()
+        for target, topic in used:
+            delete_topic(clients[target], topic)
+
+
+def _timed_load(client: Any, producer: TransactionProducer | None, topic: str, seconds: float, start_at: float):
+    delete_topic(client, topic) if producer else client.delete(topic)
+    while time.time() < start_at:
+        time.sleep(0.0005)
+    started = time.perf_counter()
+    deadline = started + seconds
+    sent = 0
+    if producer is None:
+        while time.perf_counter() < deadline:
+            for _ in range(20):
+                client.xadd(topic, {"body": BODY})
+            sent += 20
+    else:
+        while time.perf_counter() < deadline:
+            for _ in range(20):
+                producer.send_message_in_transaction(Message(topic, BODY))
+            sent += 20
+        producer.flush()
+    elapsed = time.perf_counter() - started
+    stored = client.xlen(topic)
+    return sent, elapsed, stored == sent
+
+
+class WorkerPool:
+    """``size`` spawned processes that run loads on command."""
+
+    def __init__(self, size: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._results = context.Queue()
+        self._commands = [context.Queue() for _ in range(size)]
+        self._processes = [
+            context.Process(target=_worker, args=(i, self._commands[i], self._results), daemon=True)
+            for i in range(size)
+        ]
+        for process in self._processes:
+            process.start()
+
+    def load(self, url: str, cluster: bool, mode: str, processes: int, seconds: float) -> tuple[float, bool]:
+        """Aggregate transactions (or XADDs) per second of ``processes`` workers; and whether each stored all."""
+        start_at = time.time() + 0.3
+        for commands in self._commands[:processes]:
+            commands.put((url, cluster, mode, seconds, start_at))
+        outcomes = [self._results.get(timeout=seconds + 120) for _ in range(processes)]
+        total = sum(sent for sent, _, _ in outcomes)
+        longest = max(elapsed for _, elapsed, _ in outcomes)
+        return total / longest, all(ok for _, _, ok in outcomes)
+
+    def close(self) -> None:
+        """Stop the workers (they shut their producers down and delete their topics); safe to call twice."""
+        commands_left, self._commands = self._commands, []
+        for commands in commands_left:
+            commands.put(None)
+        for process in self._processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+
+
+def producer_scaling(
+    pool: WorkerPool,
+    targets: dict[str, tuple[str, bool]],
+    process_counts: list[int],
+    seconds: float,
+    repeats: int,
+    tick: Callable[[], None] = lambda: None,
+) -> list[dict[str, Any]]:
+    """One row per (target, processes, mode): median tx/s over ``repeats`` interleaved runs."""
+    rates: dict[tuple[str, int, str], list[float]] = {}
+    complete = True
+    for repeat in range(repeats):
+        for name, (url, cluster) in targets.items():
+            for processes in process_counts:
+                order = MODES[repeat % 3 :] + MODES[: repeat % 3]
+                for mode in order:
+                    rate, stored_all = pool.load(url, cluster, mode, processes, seconds)
+                    complete = complete and stored_all
+                    rates.setdefault((name, processes, mode), []).append(rate)
+                    tick()
+    return [
+        {"target": name, "processes": processes, "mode": mode, "per_s": spread(values)["median"], "complete": complete}
+        for (name, processes, mode), values in rates.items()
+    ]
+
+
+@contextmanager
+def own_cluster() -> Iterator[str]:
+    """A throwaway 3-master Redis Cluster on free ports (needs ``redis-server`` and ``redis-cli``)."""
+    if not (shutil.which("redis-server") and shutil.which("redis-cli")):
+        raise RuntimeError("--cluster needs redis-server and redis-cli on the PATH (Debian package redis-server)")
+    ports: list[int] = []
+    while len(ports) < 3:
+        port = free_port()
+        if port + 10000 <= 65535 and port not in ports:
+            ports.append(port)
+    with tempfile.TemporaryDirectory() as workdir:
+        servers = [
+            subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    f"nodes-{port}.conf",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    workdir,
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+            for port in ports
+        ]
+        try:
+            for port in ports:
+                wait_for_ping(f"redis://127.0.0.1:{port}/0")
+            subprocess.run(
+                ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            node = redis.Redis(port=ports[0])
+            deadline = time.monotonic() + 30
+            while b"cluster_state:ok" not in node.execute_command("CLUSTER", "INFO"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the benchmark's own cluster did not reach cluster_state:ok in 30 s")
+                time.sleep(0.1)
+            node.close()
+            yield f"redis://127.0.0.1:{ports[0]}/0"
+        finally:
+            for server in servers:
+                server.terminate()
+                server.wait(10)

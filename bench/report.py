@@ -1,0 +1,97 @@
+"""How results are shown: a ``rich`` table, a JSON file, and a PNG chart (matplotlib, the ``bench`` extra)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+TARGETS = {"send_sync": 0.42, "send_oneway": 0.75, "producers": 12_000, "checkbacks": 2_000}
+"""The goals of the performance issue, shown beside each figure (a benchmark reports; nothing asserts them)."""
+
+
+def _ratio(spread: dict[str, float]) -> str:
+    return f"{spread['median']:.2f}× (p10 {spread['p10']:.2f}, p90 {spread['p90']:.2f})"
+
+
+def table(results: dict[str, Any]) -> Table:
+    out = Table(title="redis-txmq benchmark", show_lines=False)
+    out.add_column("measurement")
+    out.add_column("result", justify="right")
+    out.add_column("goal", justify="right")
+    send = results.get("send")
+    if send:
+        out.add_row("plain XADD, one process", f"{send['xadd_per_s']:,.0f} /s", "")
+        out.add_row("sync send", f"{send['sync_per_s']:,.0f} tx/s", "")
+        out.add_row("  ratio to XADD (median of rounds)", _ratio(send["sync_ratio"]), f"≥ {TARGETS['send_sync']}×")
+        out.add_row("one-way send (incl. flush)", f"{send['oneway_per_s']:,.0f} tx/s", "")
+        out.add_row("  ratio to XADD (median of rounds)", _ratio(send["oneway_ratio"]), f"≥ {TARGETS['send_oneway']}×")
+        out.add_row("  every commit in its topic exactly once", "yes" if send["exactly_once"] else "NO", "yes")
+    rows = results.get("producers", [])
+    most = max((row["processes"] for row in rows), default=0)
+    for row in rows:
+        aggregate_goal = row["mode"] != "xadd" and row["target"] == "standalone" and row["processes"] == most > 1
+        goal = f"≥ {TARGETS['producers']:,}" if aggregate_goal else ""
+        unit = "XADD/s" if row["mode"] == "xadd" else "tx/s"
+        name = f"{row['processes']} processes, {row['target']}, {row['mode']}"
+        out.add_row(name, f"{row['per_s']:,.0f} {unit}", goal)
+    for row in results.get("checkback", []):
+        out.add_row(f"idle checker round, {row['in_flight']:,} in flight", f"{row['idle_claim_ms']:.2f} ms", "flat")
+        out.add_row(
+            f"check-backs, {row['in_flight']:,} in flight",
+            f"{row['checkbacks_per_s']:,.0f} /s ({row['seconds']:.1f} s)"
+            + ("" if row["exactly_once"] else " NOT exactly once"),
+            f"≥ {TARGETS['checkbacks']:,}",
+        )
+    memory = results.get("memory")
+    if memory:
+        out.add_row("memory per in-flight transaction", f"{memory['in_flight_bytes_per_tx']:,.0f} B", "")
+        out.add_row("memory per finished tx, in the window", f"{memory['finished_bytes_per_tx_in_window']:,.0f} B", "")
+        after = memory["finished_bytes_per_tx_after_window"]
+        out.add_row(
+            f"memory per finished tx, after the window ({memory['dedupe_window_s']:.0f} s)",
+            "not waited for" if after is None else f"{after:,.1f} B",
+            "0 B",
+        )
+    return out
+
+
+def print_table(results: dict[str, Any], console: Console | None = None) -> None:
+    (console or Console()).print(table(results))
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def write_plot(results: dict[str, Any], path: Path) -> None:
+    """Throughput per number of producer processes: sync, one-way and plain XADD (dashed: the cluster)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install 'redis-txmq[bench]'") from exc
+    rows = results.get("producers", [])
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
+    styles = {"standalone": "-", "cluster": "--"}
+    labels = {"xadd": "plain XADD", "sync": "sync send", "oneway": "one-way send"}
+    for target in sorted({row["target"] for row in rows}):
+        for mode in ("xadd", "sync", "oneway"):
+            points = sorted((r["processes"], r["per_s"]) for r in rows if r["target"] == target and r["mode"] == mode)
+            if points:
+                xs, ys = zip(*points, strict=True)
+                axes.plot(xs, ys, styles.get(target, ":"), marker="o", label=f"{labels[mode]} ({target})")
+    axes.set_xlabel("producer processes")
+    axes.set_ylabel("per second (aggregate)")
+    axes.set_title("redis-txmq: throughput per number of producer processes")
+    axes.set_xticks(sorted({row["processes"] for row in rows}) or [1])
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

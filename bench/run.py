@@ -1,0 +1,115 @@
+"""``txmq bench``: every measurement of the performance goals in one run, with progress, against a Redis it
+starts itself (or ``--redis-url``; it then writes and deletes only ``bench-*`` topics)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+import redis_txmq
+from redis_txmq.connection import connect, redact_url
+from redis_txmq.embedded import EmbeddedRedis
+
+from .checkback import checkback_at_scale
+from .common import delete_groups
+from .memory import MemoryProbe
+from .processes import WorkerPool, own_cluster, producer_scaling
+from .send import compare_send
+
+
+@dataclass
+class BenchOptions:
+    redis_url: str | None = None
+    rounds: int = 60
+    per_round: int = 200
+    processes: list[int] = field(default_factory=lambda: [1, 2, 4])
+    seconds: float = 2.0
+    repeats: int = 3
+    in_flight: list[int] = field(default_factory=lambda: [1_000, 100_000])
+    memory_transactions: int = 10_000
+    memory_wait: bool = True
+    cluster: bool = False
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BenchOptions:
+        """A smoke run of a few hundred transactions per part (what CI runs): it proves the bench works."""
+        values: dict[str, Any] = dict(
+            rounds=4,
+            per_round=50,
+            processes=[1, 2],
+            seconds=0.3,
+            repeats=1,
+            in_flight=[200],
+            memory_transactions=200,
+            memory_wait=False,
+        )
+        return cls(**(values | overrides))
+
+
+def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console(stderr=True)
+    results: dict[str, Any] = {}
+    with ExitStack() as stack:
+        if options.redis_url:
+            url = options.redis_url
+        else:
+            url = stack.enter_context(EmbeddedRedis()).url
+        client = connect(url)
+        stack.callback(client.close)
+        info = client.info("server")
+        results["machine"] = {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "redis_version": info.get("redis_version"),
+            "redis_url": redact_url(url) if options.redis_url else "own redis-server",
+            "redis_txmq": redis_txmq.__version__,
+        }
+        progress = stack.enter_context(
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+            )
+        )
+        memory = MemoryProbe(client, options.memory_transactions)
+        task = progress.add_task("memory: fill", total=1)
+        memory.start()
+        progress.advance(task)
+
+        task = progress.add_task("send: sync / one-way / XADD rounds", total=options.rounds)
+        results["send"] = compare_send(client, options.rounds, options.per_round, lambda: progress.advance(task))
+
+        targets = {"standalone": (url, False)}
+        if options.cluster:
+            targets["cluster"] = (stack.enter_context(own_cluster()), True)
+        loads = options.repeats * len(targets) * len(options.processes) * 3
+        task = progress.add_task("producer processes", total=loads)
+        pool = WorkerPool(max(options.processes))
+        stack.callback(pool.close)
+        results["producers"] = producer_scaling(
+            pool, targets, options.processes, options.seconds, options.repeats, lambda: progress.advance(task)
+        )
+
+        results["checkback"] = []
+        for count in options.in_flight:
+            task = progress.add_task(f"check-back, {count:,} in flight (fill, resolve)", total=2 * count)
+            results["checkback"].append(
+                checkback_at_scale(client, count, lambda n, task=task: progress.advance(task, n))
+            )
+
+        wait = options.memory_wait
+        task = progress.add_task("memory: dedupe window", total=memory.settings.dedupe_window if wait else 1)
+        results["memory"] = memory.finish(wait, lambda seconds: progress.advance(task, seconds))
+        progress.advance(task, 0 if wait else 1)
+        pool.close()
+        delete_groups(client)
+    return results
