@@ -7,8 +7,9 @@ that is sending at the same moment, never counted against the client's pool) and
 read. The semantics stay redis-py's: the connection's retry policy on connection errors, NOSCRIPT answered
 by loading the script and calling again, reply errors raised as ``redis.ResponseError``.
 
-A Redis Cluster client, a single-connection client or an unusual pool goes through redis-py's ``Script``
-objects and pipelines instead: the same results, without the shortcut.
+A single-connection client or an unusual pool goes through redis-py's ``Script`` objects and pipelines instead:
+the same results, without the shortcut. On a Redis Cluster a single call is redis-py's (it follows MOVED and
+ASK); a batch is split by master and each part runs in the lane of that master's own client.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import NoScriptError
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
 
 try:
     from hiredis import pack_command as _hiredis_pack
@@ -57,6 +59,7 @@ class ScriptRunner:
         self._closed = False
         self._lock = threading.Lock()
         self._all: list[Any] = []
+        self._node_runners: dict[str, ScriptRunner] = {}
 
     @property
     def direct(self) -> bool:
@@ -117,8 +120,11 @@ class ScriptRunner:
         with self._lock:
             self._closed = True
             connections, self._all, self._idle = self._all, [], []
+            node_runners, self._node_runners = list(self._node_runners.values()), {}
         for conn in connections:
             conn.disconnect()
+        for runner in node_runners:
+            runner.close()
 
     def _exchange_one(self, conn: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -174,24 +180,54 @@ class ScriptRunner:
         self._idle.append(conn)
 
     def _run_pipeline(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
+        """Without the direct lane: a redis-py pipeline, or on a cluster one pipeline per master (redis-py's
+        cluster pipeline refuses EVALSHA). Every call's keys share one slot, so its first key names the node."""
+        if not isinstance(self.client, RedisCluster):
+            replies = self._pipeline(self.client, calls)
+        else:
+            replies = [None] * len(calls)
+            by_node: dict[str, list[int]] = {}
+            nodes: dict[str, Any] = {}
+            for i, (_script, keys, _args) in enumerate(calls):
+                node = self.client.get_node_from_key(keys[0])
+                nodes[node.name] = node
+                by_node.setdefault(node.name, []).append(i)
+            for name, indexes in by_node.items():
+                runner = self._node_runners.get(name)
+                if runner is None:
+                    runner = self._node_runners[name] = ScriptRunner(nodes[name].redis_connection)
+                for i, reply in zip(indexes, runner.run_many([calls[i] for i in indexes]), strict=True):
+                    replies[i] = reply
+            for i, reply in enumerate(replies):
+                if isinstance(reply, (MovedError, AskError, TryAgainError, ClusterDownError)):
+                    # the slot is moving: one call through the cluster client, which follows redirections
+                    script, keys, args = calls[i]
+                    try:
+                        replies[i] = script(keys=keys, args=args)
+                    except redis.ResponseError as exc:
+                        replies[i] = exc
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
+    @staticmethod
+    def _pipeline(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         replies = pipe.execute(raise_on_error=False)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = client.pipeline(transaction=False)
             for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-                script.sha = self.client.script_load(script.script)
+                script.sha = client.script_load(script.script)
             for i in missing:
                 script, keys, args = calls[i]
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
                 replies[i] = reply
-        if raise_on_error:
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
         return replies
 
 

@@ -51,6 +51,27 @@ def test_topics_spread_over_the_slots_of_every_master(cluster):
         assert {cluster.keyslot(k) for k in TopicKeys(topic).script_keys()} == {cluster.keyslot(topic)}
 
 
+def test_one_way_ends_are_batched_per_master_and_applied_once(cluster):
+    """redis-py's cluster pipeline refuses EVALSHA: the flusher splits a batch by master."""
+    settings = Settings(cluster=True, end_batch_delay=0.05)
+    with TransactionProducer("oneway_cluster", Knows(set()), client=cluster, settings=settings, oneway_end=True) as p:
+        results = [
+            p.send_message_in_transaction(Message(topic, b"%d" % i), COMMIT if i % 4 else ROLLBACK)
+            for i in range(6)
+            for topic in TOPICS
+        ]
+        for node in cluster.get_primaries():  # a master that lost its scripts loads them again
+            node.redis_connection.script_flush()
+        results += [p.send_message_in_transaction(Message(topic, b"late"), COMMIT) for topic in TOPICS]
+        assert p.flush(timeout=30)
+        assert p._flusher.failed == 0 and p._flusher.applied == len(results)
+    for topic in TOPICS:
+        expected = {r.transaction_id for r in results if r.topic == topic and r.local_transaction_state is COMMIT}
+        seen = collections.Counter(f[b"transaction_id"].decode() for _, f in cluster.xrange(topic))
+        assert seen == {tx: 1 for tx in expected}
+        assert cluster.hlen(TopicKeys(topic).inflight) == 0
+
+
 def test_check_back_through_two_txmq_checker_cluster_one_killed(cluster, cluster_url):
     settings = Settings(heartbeat_interval=0.5, cluster=True)
     committed: set[str] = set()
