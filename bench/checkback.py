@@ -3,11 +3,13 @@
 * the cost of a checker round while none is due yet (it must not grow with N: the due-time index answers
   "who is due" without walking the half stream), as the median time of one claim call;
 * check-backs resolved per second by one checker, from its start until all N are committed by a live producer
-  instance answering COMMIT; every one must be in the topic stream exactly once.
+  instance answering COMMIT (in its own process, as in production); every one must be in the topic stream
+  exactly once.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import threading
 import time
@@ -16,12 +18,14 @@ from typing import Any
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq.broker import RedisBroker
+from redis_txmq.connection import connect
 from redis_txmq.keys import TopicKeys
 
 from .common import BODY, TOPIC_PREFIX, Answer, TopicChecker, delete_topic
 
 TOPIC = f"{TOPIC_PREFIX}checkback"
 GROUP = f"{TOPIC_PREFIX}checkback"
+SETTINGS = Settings(transaction_timeout=0.0, check_interval=60.0, heartbeat_interval=1.0)
 
 
 def fill_in_flight(client: Any, count: int, tick: Callable[[int], None] = lambda n: None) -> None:
@@ -49,34 +53,58 @@ def idle_claim_ms(client: Any, calls: int = 50) -> float:
     return statistics.median(times) * 1000
 
 
-def resolve_all(client: Any, count: int, tick: Callable[[int], None] = lambda n: None, timeout: float = 900) -> float:
-    """Seconds one checker (batch 100, transaction_timeout 0) takes until all ``count`` are committed."""
-    settings = Settings(transaction_timeout=0.0, check_interval=60.0, heartbeat_interval=1.0)
-    with TransactionProducer(GROUP, Answer(LocalTransactionState.COMMIT), client=client, settings=settings):
-        checker = TopicChecker(client, settings, [TOPIC], scan_interval=0.05)
+def _answering_producer(url: str, ready: Any, stop: Any) -> None:
+    """A live instance of the producer group, in its own process as in production, answering COMMIT."""
+    client = connect(url)
+    with TransactionProducer(GROUP, Answer(LocalTransactionState.COMMIT), client=client, settings=SETTINGS):
+        ready.set()
+        stop.wait(900)
+    client.close()
+
+
+def resolve_all(
+    client: Any, url: str, count: int, tick: Callable[[int], None] = lambda n: None, timeout: float = 900
+) -> float:
+    """Seconds one checker (batch 100, transaction_timeout 0) takes until all ``count`` are committed, with one
+    producer instance answering from another process."""
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Event(), context.Event()
+    producer = context.Process(target=_answering_producer, args=(url, ready, stop), daemon=True)
+    producer.start()
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("the answering producer process did not start within 60 s")
+        checker = TopicChecker(client, SETTINGS, [TOPIC], scan_interval=0.05)
         checker.start()
-        stop = threading.Event()
-        worker = threading.Thread(target=checker.run, args=(stop,), daemon=True)
+        halt = threading.Event()
+        worker = threading.Thread(target=checker.run, args=(halt,), daemon=True)
         started = time.perf_counter()
         worker.start()
         deadline = started + timeout
         done = 0
         while done < count and time.perf_counter() < deadline:
-            time.sleep(0.005)
+            time.sleep(0.01)
             now_done = client.xlen(TOPIC)
             tick(now_done - done)
             done = now_done
         elapsed = time.perf_counter() - started
-        stop.set()
+        halt.set()
         worker.join(30)
+    finally:
+        stop.set()
+        producer.join(30)
+        if producer.is_alive():
+            producer.kill()
     return elapsed
 
 
-def checkback_at_scale(client: Any, in_flight: int, tick: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
+def checkback_at_scale(
+    client: Any, url: str, in_flight: int, tick: Callable[[int], None] = lambda n: None
+) -> dict[str, Any]:
     delete_topic(client, TOPIC)
     fill_in_flight(client, in_flight, tick)
     idle_ms = idle_claim_ms(client)
-    elapsed = resolve_all(client, in_flight, tick)
+    elapsed = resolve_all(client, url, in_flight, tick)
     ids = [fields[b"transaction_id"] for _, fields in client.xrange(TOPIC)]
     exactly_once = len(ids) == in_flight == len(set(ids))
     delete_topic(client, TOPIC)

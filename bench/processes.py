@@ -8,6 +8,8 @@ three modes run back to back in a rotating order, ``repeats`` times, and the med
 from __future__ import annotations
 
 import multiprocessing
+import os
+import queue
 import shutil
 import subprocess
 import tempfile
@@ -27,13 +29,23 @@ from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, spread
 MODES = ("xadd", "sync", "oneway")
 
 
-def _worker(index: int, commands: Any, results: Any) -> None:
+def _next_command(commands: Any, parent: int) -> Any:
+    """The next command, or None when told to stop or when the parent died (no orphan keeps loading Redis)."""
+    while True:
+        try:
+            return commands.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+
+
+def _worker(index: int, commands: Any, results: Any, parent: int) -> None:
     """Runs loads until it reads None; keeps one producer per (url, mode) for the life of the process."""
     producers: dict[tuple[str, bool, str], TransactionProducer] = {}
     clients: dict[tuple[str, bool], Any] = {}
     used: set[tuple[tuple[str, bool], str]] = set()
     try:
-        while (command := commands.get()) is not None:
+        while (command := _next_command(commands, parent)) is not None:
             url, cluster, mode, seconds, start_at = command
             client = clients.get((url, cluster))
             if client is None:
@@ -86,7 +98,7 @@ class WorkerPool:
         self._results = context.Queue()
         self._commands = [context.Queue() for _ in range(size)]
         self._processes = [
-            context.Process(target=_worker, args=(i, self._commands[i], self._results), daemon=True)
+            context.Process(target=_worker, args=(i, self._commands[i], self._results, os.getpid()), daemon=True)
             for i in range(size)
         ]
         for process in self._processes:

@@ -51,9 +51,10 @@ def table(results: dict[str, Any]) -> Table:
         out.add_row("memory per in-flight transaction", f"{memory['in_flight_bytes_per_tx']:,.0f} B", "")
         out.add_row("memory per finished tx, in the window", f"{memory['finished_bytes_per_tx_in_window']:,.0f} B", "")
         after = memory["finished_bytes_per_tx_after_window"]
+        rounds = memory.get("checker_rounds_after_window")
         out.add_row(
             f"memory per finished tx, after the window ({memory['dedupe_window_s']:.0f} s)",
-            "not waited for" if after is None else f"{after:,.1f} B",
+            "not waited for" if after is None else f"{after:,.1f} B ({rounds} checker rounds)",
             "0 B",
         )
     return out

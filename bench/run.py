@@ -103,7 +103,7 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
         for count in options.in_flight:
             task = progress.add_task(f"check-back, {count:,} in flight (fill, resolve)", total=2 * count)
             results["checkback"].append(
-                checkback_at_scale(client, count, lambda n, task=task: progress.advance(task, n))
+                checkback_at_scale(client, url, count, lambda n, task=task: progress.advance(task, n))
             )
 
         wait = options.memory_wait

@@ -19,10 +19,10 @@ import redis
 
 from redis_txmq import entries
 from redis_txmq.admin import registered_topics
-from redis_txmq.broker import DueCheck, EndSource, RedisBroker
+from redis_txmq.broker import DueCheck, EndCall, EndResult, EndSource, RedisBroker
 from redis_txmq.config import Settings
 from redis_txmq.connection import instance_id as new_instance_id
-from redis_txmq.errors import CorruptEntryError, TransactionError, TxMQConnectionError, TxMQError
+from redis_txmq.errors import TransactionError, TxMQConnectionError, TxMQError
 from redis_txmq.groups import CURSOR_START, PendingTakeover, ensure_consumer_group
 from redis_txmq.heartbeat import Heartbeat
 from redis_txmq.keys import (
@@ -212,13 +212,22 @@ class Checker:
         return applied
 
     def _apply_all(self, batch: list[Any]) -> int:
-        applied = 0
-        done = []
+        """Apply a batch of answers in one pipeline of end calls (each still one atomic script), then ack them.
+
+        A connection error raises before the ack: the answers stay pending and are applied later."""
+        done: list[str] = []
+        ends: list[EndCall] = []
         for entry_id, fields in batch:
             reply_id = entries.text(entry_id) or ""
-            if fields is not None:
-                applied += self._apply(reply_id, entries.field_map(fields))
             done.append(reply_id)
+            if fields is not None:
+                end = self._end_of(reply_id, entries.field_map(fields))
+                if end is not None:
+                    ends.append(end)
+        applied = 0
+        if ends:
+            for end, result in zip(ends, self.broker.end_transactions(ends), strict=True):
+                applied += self._account(end, result)
         if done:
             pipe = self.client.pipeline(transaction=False)
             pipe.xack(REPLY_STREAM, CHECKERS_CONSUMER_GROUP, *done)
@@ -226,8 +235,8 @@ class Checker:
             pipe.execute()
         return applied
 
-    def _apply(self, reply_id: str, fields: dict[str, bytes]) -> int:
-        """Apply one answer; 1 if it ended the transaction. Raises only for connection errors (left pending)."""
+    def _end_of(self, reply_id: str, fields: dict[str, bytes]) -> EndCall | None:
+        """The end call an answer asks for; None (logged) when the answer is malformed."""
         text = entries.text
         stream, txid = text(fields.get(entries.STREAM)), text(fields.get(entries.TRANSACTION_ID))
         group, state_name = text(fields.get(entries.PRODUCER_GROUP)), text(fields.get(entries.STATE))
@@ -245,34 +254,35 @@ class Checker:
                 "and a state of COMMIT, ROLLBACK or UNKNOWN)",
                 reply_id,
             )
-            return 0
+            return None
         self.metrics.replies.labels(state.value).inc()
         self._observe_latency(fields)
-        try:
-            result = self.broker.end_transaction(
-                keys,
-                txid,
-                group,
-                state,
-                source=EndSource.CHECKER,
-                remark=text(fields.get(entries.REMARK)) or None,
-                half_id=text(fields.get(entries.HALF_ID)) or None,
-            )
-        except TxMQConnectionError:
-            raise
-        except TransactionError as exc:
-            logger.info("tx=%s topic=%s check answer %s not applied: %s", txid, keys.topic, state.value, exc)
+        return EndCall(
+            keys,
+            txid,
+            group,
+            state,
+            EndSource.CHECKER,
+            remark=text(fields.get(entries.REMARK)) or None,
+            half_id=text(fields.get(entries.HALF_ID)) or None,
+        )
+
+    def _account(self, end: EndCall, result: EndResult | TxMQError) -> int:
+        """Log and count the outcome of one end; 1 if it ended the transaction."""
+        topic, txid, state = end.keys.topic, end.transaction_id, end.outcome.value
+        if isinstance(result, TransactionError):
+            logger.info("tx=%s topic=%s check answer %s not applied: %s", txid, topic, state, result)
             return 0
-        except (CorruptEntryError, TxMQError) as exc:
-            logger.error("tx=%s topic=%s check answer %s refused: %s", txid, keys.topic, state.value, exc)
+        if isinstance(result, TxMQError):
+            logger.error("tx=%s topic=%s check answer %s refused: %s", txid, topic, state, result)
             return 0
         if not result.applied:
             return 0
         if result.state == LocalTransactionState.COMMIT.value:
-            self.metrics.commits.labels(keys.topic).inc()
+            self.metrics.commits.labels(topic).inc()
         elif result.state == LocalTransactionState.ROLLBACK.value:
-            self.metrics.rollbacks.labels(keys.topic).inc()
-        logger.info("tx=%s topic=%s resolved by check-back: %s", txid, keys.topic, result.state)
+            self.metrics.rollbacks.labels(topic).inc()
+        logger.info("tx=%s topic=%s resolved by check-back: %s", txid, topic, result.state)
         return 1
 
     def _observe_latency(self, fields: dict[str, bytes]) -> None:

@@ -172,8 +172,9 @@ class CheckRequestHandler:
             entries.PRODUCER: self.instance_id,
         }
         try:
-            self.client.xadd(REPLY_STREAM, reply)
-            self._finish(request_id)
+            # One round trip: the answer, then the request acknowledged and deleted. Should the connection break
+            # in between, the request is read again and answered again: applying an answer twice changes nothing.
+            self._finish(request_id, reply)
         except redis.RedisError as exc:
             logger.warning(
                 "tx=%s topic=%s could not send the check answer: %s; it will be asked again",
@@ -183,8 +184,10 @@ class CheckRequestHandler:
             )
         logger.debug("tx=%s topic=%s answered check: %s", message.transaction_id, message.topic, state.value)
 
-    def _finish(self, request_id: str) -> None:
+    def _finish(self, request_id: str, reply: dict[str, Any] | None = None) -> None:
         pipe = self.client.pipeline(transaction=False)
+        if reply is not None:
+            pipe.xadd(REPLY_STREAM, reply)
         pipe.xack(self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, request_id)
         pipe.xdel(self.keys.check_requests, request_id)
         pipe.execute()

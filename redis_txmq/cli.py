@@ -456,6 +456,9 @@ def bench(
         except ImportError:
             raise click.UsageError("--plot needs matplotlib: pip install 'redis-txmq[bench]'") from None
 
+    # SIGTERM unwinds like Ctrl-C: the servers and worker processes the run started are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
     def run() -> None:
         results = run_bench(options)
         print_table(results, console)

@@ -252,7 +252,9 @@ def test_answers_read_by_a_dead_checker_are_applied_once_by_another(client, died
     dead.start()
     ((_, [(reply_id, fields)]),) = client.xreadgroup(CHECKERS_CONSUMER_GROUP, "dead-checker", {REPLY_STREAM: ">"})
     if died != "before applying":
-        assert dead._apply(reply_id.decode(), {k.decode(): v for k, v in fields.items()}) == 1
+        end = dead._end_of(reply_id.decode(), {k.decode(): v for k, v in fields.items()})
+        (result,) = dead.broker.end_transactions([end])
+        assert result.applied
         assert committed(client) == {"tx": 1}
     # ... and the process is gone: the answer stays pending under its name.
     survivor = Checker(client, settings, instance_id="survivor")
