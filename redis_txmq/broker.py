@@ -43,14 +43,14 @@ class EndSource(str, enum.Enum):
     OPERATOR = "operator"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PrepareResult:
     half_id: str
     state: str
     duplicate: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EndResult:
     """``state`` is PREPARED (UNKNOWN recorded), COMMIT or ROLLBACK; ``applied`` is False for a repeat."""
 
@@ -60,9 +60,11 @@ class EndResult:
     applied: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EndCall:
-    """One end of a transaction, as queued by a one-way producer."""
+    """One end of a transaction, as queued by a one-way producer or applied from a check answer.
+
+    Not frozen: these are made per send, and a frozen dataclass costs five times as much to build."""
 
     keys: TopicKeys
     transaction_id: str

@@ -8,8 +8,9 @@ read. The semantics stay redis-py's: the connection's retry policy on connection
 by loading the script and calling again, reply errors raised as ``redis.ResponseError``.
 
 A single-connection client or an unusual pool goes through redis-py's ``Script`` objects and pipelines instead:
-the same results, without the shortcut. On a Redis Cluster a single call is redis-py's (it follows MOVED and
-ASK); a batch is split by master and each part runs in the lane of that master's own client.
+the same results, without the shortcut. On a Redis Cluster a call runs in the lane of the master that owns its
+slot (a batch is split by master); a redirection or an unreachable master sends it through redis-py's cluster
+client, which follows MOVED / ASK and refreshes its view of the cluster.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class ScriptRunner:
         self._lock = threading.Lock()
         self._all: list[Any] = []
         self._node_runners: dict[str, ScriptRunner] = {}
+        self._cluster = isinstance(client, RedisCluster)
 
     @property
     def direct(self) -> bool:
@@ -69,6 +71,8 @@ class ScriptRunner:
     def run(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """EVALSHA ``script``; returns the reply, raises ``redis.RedisError`` like ``script(keys, args)``."""
         if not self._direct:
+            if self._cluster:
+                return self._run_on_node(script, keys, args)
             return script(keys=keys, args=args)
         conn = self._acquire()
         healthy = False
@@ -179,6 +183,21 @@ class ScriptRunner:
             return
         self._idle.append(conn)
 
+    def _node_runner(self, node: Any) -> ScriptRunner:
+        runner = self._node_runners.get(node.name)
+        if runner is None:
+            with self._lock:
+                runner = self._node_runners.setdefault(node.name, ScriptRunner(node.redis_connection))
+        return runner
+
+    def _run_on_node(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """On a cluster: the lane of the master that owns the slot; when the slot is moving or that master is
+        unreachable, redis-py's cluster client (it follows MOVED / ASK and refreshes the topology)."""
+        try:
+            return self._node_runner(self.client.get_node_from_key(keys[0])).run(script, keys, args)
+        except (MovedError, AskError, TryAgainError, ClusterDownError, redis.ConnectionError, redis.TimeoutError):
+            return script(keys=keys, args=args)
+
     def _run_pipeline(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
         """Without the direct lane: a redis-py pipeline, or on a cluster one pipeline per master (redis-py's
         cluster pipeline refuses EVALSHA). Every call's keys share one slot, so its first key names the node."""
@@ -193,9 +212,7 @@ class ScriptRunner:
                 nodes[node.name] = node
                 by_node.setdefault(node.name, []).append(i)
             for name, indexes in by_node.items():
-                runner = self._node_runners.get(name)
-                if runner is None:
-                    runner = self._node_runners[name] = ScriptRunner(nodes[name].redis_connection)
+                runner = self._node_runner(nodes[name])
                 for i, reply in zip(indexes, runner.run_many([calls[i] for i in indexes]), strict=True):
                     replies[i] = reply
             for i, reply in enumerate(replies):
