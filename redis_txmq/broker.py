@@ -280,6 +280,9 @@ def _end_call_error(exc: redis.RedisError, keys: TopicKeys, transaction_id: str)
 
 def _end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
     """Map an end-like script reply to an :class:`EndResult` or the matching :class:`TransactionError`."""
+    if type(reply) is list and len(reply) == 5 and reply[0] == b"OK":  # the common case, decoded without a detour
+        committed = reply[3]
+        return EndResult(reply[1].decode(), reply[2].decode(), committed.decode() or None, reply[4] == b"APPLIED")
     status, first, second, third, fourth = _reply(reply, 5)
     if status == "OK":
         return EndResult(state=first, half_id=second, committed_id=third or None, applied=fourth == "APPLIED")
