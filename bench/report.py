@@ -81,12 +81,15 @@ def write_plot(results: dict[str, Any], path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
     styles = {"standalone": "-", "cluster": "--"}
     labels = {"xadd": "plain XADD", "sync": "sync send", "oneway": "one-way send"}
+    colors = {"xadd": "tab:gray", "sync": "tab:blue", "oneway": "tab:orange"}
     for target in sorted({row["target"] for row in rows}):
         for mode in ("xadd", "sync", "oneway"):
             points = sorted((r["processes"], r["per_s"]) for r in rows if r["target"] == target and r["mode"] == mode)
             if points:
                 xs, ys = zip(*points, strict=True)
-                axes.plot(xs, ys, styles.get(target, ":"), marker="o", label=f"{labels[mode]} ({target})")
+                axes.plot(
+                    xs, ys, styles.get(target, ":"), color=colors[mode], marker="o", label=f"{labels[mode]} ({target})"
+                )
     axes.set_xlabel("producer processes")
     axes.set_ylabel("per second (aggregate)")
     axes.set_title("redis-txmq: throughput per number of producer processes")
