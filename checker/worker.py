@@ -45,6 +45,12 @@ class RoundStats:
     checks_sent: int = 0
     dead_lettered: int = 0
     replies_applied: int = 0
+    more_due: bool = False
+    """A topic had more due than one scan claims (``SCAN_BATCHES`` × ``batch_size``)."""
+
+
+SCAN_BATCHES = 10
+"""Claim calls per topic in one scan (each up to ``batch_size`` transactions)."""
 
 
 class Checker:
@@ -99,8 +105,8 @@ class Checker:
                         self.heartbeat.beat()
                         next_beat = now + self.settings.heartbeat_interval
                     if now >= next_scan:
-                        self.scan()
-                        next_scan = now + self.scan_interval
+                        # more due than one scan claims: scan again right after applying the answers at hand
+                        next_scan = now if self.scan().more_due else now + self.scan_interval
                     block = max(0.0, min(next_scan - time.monotonic(), 1.0))
                     self.process_replies(block_ms=int(block * 1000))
                 except (redis.RedisError, TxMQConnectionError) as exc:
@@ -129,7 +135,9 @@ class Checker:
         stats = RoundStats()
         topics = self.topics()
         for keys in topics:
-            while True:
+            # at most SCAN_BATCHES claims per topic per scan: a backlog of one topic does not hold back the
+            # answers (and the other topics) until all of it has been requested
+            for batch in range(SCAN_BATCHES):
                 claimed = self.broker.claim_checks(keys, self.batch_size)
                 for transaction_id, reason in claimed.dead_lettered:
                     logger.warning("tx=%s topic=%s dead-lettered: %s", transaction_id, keys.topic, reason)
@@ -138,6 +146,8 @@ class Checker:
                 stats.checks_sent += self._send_requests(keys, claimed.to_check)
                 if len(claimed.to_check) + len(claimed.dead_lettered) < self.batch_size:
                     break
+                if batch == SCAN_BATCHES - 1:
+                    stats.more_due = True
         if time.monotonic() >= self._next_sweep:
             stats.dead_lettered += self._sweep(topics)
             self._next_sweep = time.monotonic() + self.sweep_interval

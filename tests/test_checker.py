@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from checker import Checker
+from checker.worker import SCAN_BATCHES
 from redis_txmq import (
     LocalTransactionState,
     Message,
@@ -775,3 +776,18 @@ def test_a_raising_check_counts_as_unknown_and_the_handler_keeps_serving(real_cl
     text = logged(caplog)
     assert f"tx={bad} topic={TOPIC} check_local_transaction raised" in text
     assert f"tx={odd} topic={TOPIC} check_local_transaction returned 'MAYBE'" in text
+
+
+def test_a_scan_claims_a_bounded_number_per_topic_and_says_more_are_due(client):
+    """A backlog is requested in slices, so the answers of the first slice are applied before the last is sent."""
+    settings = Settings(transaction_timeout=0, check_interval=30)
+    broker = RedisBroker(client, settings)
+    broker.load_scripts()
+    for i in range(25):
+        prepare(broker, f"tx-{i}")
+    checker = Checker(client, settings, batch_size=2)
+    first = checker.scan()
+    assert (first.checks_sent, first.more_due) == (2 * SCAN_BATCHES, True)
+    second = checker.scan()
+    assert (second.checks_sent, second.more_due) == (25 - 2 * SCAN_BATCHES, False)
+    assert client.xlen(GroupKeys(GROUP).check_requests) == 25
