@@ -34,7 +34,9 @@ class EndFlusher:
         self.failed = 0
         """Ends that failed (logged with their transaction id); the check-back resolves those transactions."""
         self._queue: collections.deque[EndCall] = collections.deque()
-        self._pending = 0
+        # ends are sent in the order they were queued, by one thread: counters are enough to know what is done
+        self._submitted = 0
+        self._completed = 0
         self._flushes_waiting = 0
         self._closing = False
         self._cond = threading.Condition()
@@ -43,7 +45,7 @@ class EndFlusher:
     @property
     def pending(self) -> int:
         """Ends queued or being sent."""
-        return self._pending
+        return self._submitted - self._completed
 
     def start(self) -> None:
         self._thread.start()
@@ -51,7 +53,7 @@ class EndFlusher:
     def submit(self, end: EndCall) -> None:
         """Queue an end; waits while ``end_queue_size`` ends are pending."""
         with self._cond:
-            while self._pending >= self.queue_size and not self._closing:
+            while self._submitted - self._completed >= self.queue_size and not self._closing:
                 self._cond.wait()
             if self._closing:
                 raise ProducerStateError(
@@ -59,18 +61,20 @@ class EndFlusher:
                     "shutting down; the check-back will resolve this transaction"
                 )
             self._queue.append(end)
-            self._pending += 1
+            self._submitted += 1
             if len(self._queue) == 1 or len(self._queue) >= self.batch_size:
                 self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every end queued before this call has been sent; False if ``timeout`` passed first."""
+        """Wait until every end queued before this call has been sent (ends other threads queue meanwhile are not
+        waited for); False if ``timeout`` passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            target = self._submitted
             self._flushes_waiting += 1
             self._cond.notify_all()
             try:
-                while self._pending:
+                while self._completed < target:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return False
@@ -109,7 +113,7 @@ class EndFlusher:
                 self._send(batch)
             finally:
                 with self._cond:
-                    self._pending -= len(batch)
+                    self._completed += len(batch)
                     self._cond.notify_all()
 
     def _send(self, batch: list[EndCall]) -> None:

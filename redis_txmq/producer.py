@@ -99,8 +99,9 @@ class TransactionProducer:
         return self
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every end queued by a one-way producer has been applied (or has failed, which the log
-        says and the check-back repairs); False if ``timeout`` seconds passed first. True at once otherwise."""
+        """Wait until every end a one-way producer queued before this call has been applied (or has failed,
+        which the log says and the check-back repairs); sends of other threads meanwhile are not waited for.
+        False if ``timeout`` seconds passed first; True at once for a synchronous producer."""
         if self._flusher is None:
             return True
         return self._flusher.flush(timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -73,6 +74,27 @@ def test_threads_share_a_one_way_producer_with_a_tiny_queue(client):
             results = list(pool.map(send, range(60)))
         assert producer.flush(timeout=30)
     assert committed(client) == {r.transaction_id: 1 for r in results}
+
+
+def test_flush_waits_for_its_own_ends_not_for_other_threads_sending_on(client):
+    with TransactionProducer("order_group", ScriptedListener(), client=client, oneway_end=True) as producer:
+        stop = threading.Event()
+
+        def keep_sending():
+            while not stop.is_set():
+                producer.send_message_in_transaction(Message("orders", b"background"), COMMIT)
+
+        with ThreadPoolExecutor(1) as pool:
+            background = pool.submit(keep_sending)
+            try:
+                mine = [producer.send_message_in_transaction(Message("orders", b"mine"), COMMIT) for _ in range(20)]
+                assert producer.flush(timeout=30)
+                assert set(committed(client)) >= {r.transaction_id for r in mine}
+            finally:
+                stop.set()
+            background.result(timeout=30)
+        assert producer.flush(timeout=30)
+    assert all(n == 1 for n in committed(client).values())
 
 
 def test_a_failed_batch_is_logged_and_left_to_the_check_back(client, caplog):
