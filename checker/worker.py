@@ -117,6 +117,7 @@ class Checker:
                 self.heartbeat.leave()
             except redis.RedisError:
                 pass
+            self.broker.close()
             logger.info("checker %s stopped", self.instance_id)
 
     def run_round(self) -> RoundStats:

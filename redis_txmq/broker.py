@@ -185,7 +185,8 @@ class RedisBroker:
         return _end_result(reply, keys, transaction_id)
 
     def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:
-        """Apply many ends in one pipeline (the one-way producer's flusher); each script stays atomic.
+        """Apply many ends in one pipeline (a one-way producer's flusher, a checker's batch of answers); each
+        script stays atomic.
 
         Returns, in order, the :class:`EndResult` or the :class:`TxMQError` of each end; a connection
         failure of the whole pipeline is raised as :class:`TxMQConnectionError`."""
