@@ -87,14 +87,14 @@ class TransactionProducer:
                 )
             if self._state == _State.CREATED:
                 self.broker.load_scripts()
-                if self._flusher is not None:
-                    self._flusher.start()
                 try:
                     self._check_handler.start()
                 except redis.RedisError as exc:
                     raise TxMQConnectionError(
                         f"producer group {self.producer_group!r}: could not start serving check requests: {exc}"
                     ) from exc
+                if self._flusher is not None:
+                    self._flusher.start()
             self._state = _State.RUNNING
         return self
 
