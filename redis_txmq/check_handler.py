@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from . import entries
 from .config import Settings
@@ -43,6 +44,7 @@ class CheckRequestHandler:
         self.settings = settings
         self.instance_id = instance_id
         self.keys = GroupKeys(producer_group)
+        self._cluster = isinstance(client, RedisCluster)
         self.heartbeat = Heartbeat(client, self.keys.producers, instance_id, settings.heartbeat_interval)
         self._pool = ThreadPoolExecutor(settings.check_threads, thread_name_prefix=f"txmq-check-{producer_group}")
         self._in_hand: dict[str, Future[None]] = {}
@@ -172,8 +174,6 @@ class CheckRequestHandler:
             entries.PRODUCER: self.instance_id,
         }
         try:
-            # One round trip: the answer, then the request acknowledged and deleted. Should the connection break
-            # in between, the request is read again and answered again: applying an answer twice changes nothing.
             self._finish(request_id, reply)
         except redis.RedisError as exc:
             logger.warning(
@@ -185,9 +185,19 @@ class CheckRequestHandler:
         logger.debug("tx=%s topic=%s answered check: %s", message.transaction_id, message.topic, state.value)
 
     def _finish(self, request_id: str, reply: dict[str, Any] | None = None) -> None:
-        pipe = self.client.pipeline(transaction=False)
+        """Send the answer, then acknowledge and delete the request: never the request gone without its answer.
+
+        Standalone: one MULTI / EXEC (a refused XADD, e.g. out of memory, discards the whole of it). Cluster: the
+        two streams live in different slots, so the answer first, the acknowledgement after it succeeded."""
         if reply is not None:
-            pipe.xadd(REPLY_STREAM, reply)
+            if self._cluster:
+                self.client.xadd(REPLY_STREAM, reply)
+                pipe = self.client.pipeline(transaction=False)
+            else:
+                pipe = self.client.pipeline(transaction=True)
+                pipe.xadd(REPLY_STREAM, reply)
+        else:
+            pipe = self.client.pipeline(transaction=False)
         pipe.xack(self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, request_id)
         pipe.xdel(self.keys.check_requests, request_id)
         pipe.execute()

@@ -23,7 +23,14 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    TryAgainError,
+)
 
 try:
     from hiredis import pack_command as _hiredis_pack
@@ -36,6 +43,9 @@ ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
 """``(script, keys, args)``: a redis-py ``Script`` (registered on the runner's client), its KEYS and ARGV."""
 
 _DIRECT_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+_REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
+_FALL_BACK = (*_REDIRECTED, RedisClusterException, redis.ConnectionError, redis.TimeoutError)
+"""On a cluster, errors after which a call goes through redis-py's cluster client instead of a master's lane."""
 
 
 class ScriptRunner:
@@ -195,7 +205,7 @@ class ScriptRunner:
         unreachable, redis-py's cluster client (it follows MOVED / ASK and refreshes the topology)."""
         try:
             return self._node_runner(self.client.get_node_from_key(keys[0])).run(script, keys, args)
-        except (MovedError, AskError, TryAgainError, ClusterDownError, redis.ConnectionError, redis.TimeoutError):
+        except _FALL_BACK:
             return script(keys=keys, args=args)
 
     def _run_pipeline(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
@@ -207,22 +217,32 @@ class ScriptRunner:
             replies = [None] * len(calls)
             by_node: dict[str, list[int]] = {}
             nodes: dict[str, Any] = {}
+            unrouted: list[int] = []
             for i, (_script, keys, _args) in enumerate(calls):
-                node = self.client.get_node_from_key(keys[0])
+                try:
+                    node = self.client.get_node_from_key(keys[0])
+                except RedisClusterException:  # the slot is not in the client's map (failover under way)
+                    unrouted.append(i)
+                    continue
                 nodes[node.name] = node
                 by_node.setdefault(node.name, []).append(i)
             for name, indexes in by_node.items():
-                runner = self._node_runner(nodes[name])
-                for i, reply in zip(indexes, runner.run_many([calls[i] for i in indexes]), strict=True):
+                try:
+                    part = self._node_runner(nodes[name]).run_many([calls[i] for i in indexes])
+                except (redis.ConnectionError, redis.TimeoutError):
+                    unrouted.extend(indexes)  # that master is unreachable: the cluster client finds the new one
+                    continue
+                for i, reply in zip(indexes, part, strict=True):
                     replies[i] = reply
-            for i, reply in enumerate(replies):
-                if isinstance(reply, (MovedError, AskError, TryAgainError, ClusterDownError)):
-                    # the slot is moving: one call through the cluster client, which follows redirections
-                    script, keys, args = calls[i]
-                    try:
-                        replies[i] = script(keys=keys, args=args)
-                    except redis.ResponseError as exc:
-                        replies[i] = exc
+            unrouted.extend(i for i, reply in enumerate(replies) if isinstance(reply, _REDIRECTED))
+            for i in sorted(set(unrouted)):
+                # one call through the cluster client, which follows redirections and refreshes its map;
+                # every script is idempotent, so a call that did reach its master is not applied twice
+                script, keys, args = calls[i]
+                try:
+                    replies[i] = script(keys=keys, args=args)
+                except redis.ResponseError as exc:
+                    replies[i] = exc
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 
@@ -40,6 +41,7 @@ class EndFlusher:
         self._flushes_waiting = 0
         self._closing = False
         self._cond = threading.Condition()
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name=f"txmq-end-flusher-{name}", daemon=True)
 
     @property
@@ -52,6 +54,13 @@ class EndFlusher:
 
     def submit(self, end: EndCall) -> None:
         """Queue an end; waits while ``end_queue_size`` ends are pending."""
+        if os.getpid() != self._pid:
+            # a forked child has the queue but not the thread: its ends would wait forever
+            raise ProducerStateError(
+                f"producer group {end.producer_group!r}, transaction {end.transaction_id}: this one-way producer "
+                "was created in another process (before a fork); create the producer in the child. The check-back "
+                "will resolve this transaction"
+            )
         with self._cond:
             while self._submitted - self._completed >= self.queue_size and not self._closing:
                 self._cond.wait()
@@ -68,6 +77,8 @@ class EndFlusher:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every end queued before this call has been sent (ends other threads queue meanwhile are not
         waited for); False if ``timeout`` passed first."""
+        if os.getpid() != self._pid:
+            return self._submitted == self._completed  # nothing the child queued; what the parent queued is its own
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             target = self._submitted

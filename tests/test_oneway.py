@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -142,3 +143,18 @@ def test_flush_of_a_synchronous_producer_returns_at_once(client):
 def test_one_way_settings_are_validated(overrides):
     with pytest.raises(ConfigurationError, match=next(iter(overrides))):
         Settings(**overrides)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_an_error_not_a_hang(real_client):
+    with TransactionProducer("order_group", ScriptedListener(), client=real_client, oneway_end=True) as producer:
+        pid = os.fork()
+        if pid == 0:  # the child: its send must come back (end_error set), never block on a thread it lacks
+            code = 1
+            try:
+                result = producer.send_message_in_transaction(Message("orders", b"child"), COMMIT)
+                code = 0 if result.end_error and "create the producer in the child" in result.end_error else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
