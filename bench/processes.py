@@ -10,19 +10,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import shutil
-import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
-
-import redis
 
 from redis_txmq import LocalTransactionState, Message, TransactionProducer
 from redis_txmq.connection import connect
-from redis_txmq.embedded import free_port, wait_for_ping
 
 from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, spread
 
@@ -149,60 +142,3 @@ def producer_scaling(
         {"target": name, "processes": processes, "mode": mode, "per_s": spread(values)["median"], "complete": complete}
         for (name, processes, mode), values in rates.items()
     ]
-
-
-@contextmanager
-def own_cluster() -> Iterator[str]:
-    """A throwaway 3-master Redis Cluster on free ports (needs ``redis-server`` and ``redis-cli``)."""
-    if not (shutil.which("redis-server") and shutil.which("redis-cli")):
-        raise RuntimeError("--cluster needs redis-server and redis-cli on the PATH (Debian package redis-server)")
-    ports: list[int] = []
-    while len(ports) < 3:
-        port = free_port()
-        if port + 10000 <= 65535 and port not in ports:
-            ports.append(port)
-    with tempfile.TemporaryDirectory() as workdir:
-        servers = [
-            subprocess.Popen(
-                [
-                    "redis-server",
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    f"nodes-{port}.conf",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    workdir,
-                ],
-                stdout=subprocess.DEVNULL,
-            )
-            for port in ports
-        ]
-        try:
-            for port in ports:
-                wait_for_ping(f"redis://127.0.0.1:{port}/0")
-            subprocess.run(
-                ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
-            node = redis.Redis(port=ports[0])
-            deadline = time.monotonic() + 30
-            while b"cluster_state:ok" not in node.execute_command("CLUSTER", "INFO"):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the benchmark's own cluster did not reach cluster_state:ok in 30 s")
-                time.sleep(0.1)
-            node.close()
-            yield f"redis://127.0.0.1:{ports[0]}/0"
-        finally:
-            for server in servers:
-                server.terminate()
-                server.wait(10)

@@ -14,12 +14,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import redis_txmq
 from redis_txmq.connection import connect, redact_url
-from redis_txmq.embedded import EmbeddedRedis
+from redis_txmq.embedded import EmbeddedRedis, embedded_cluster
 
 from .checkback import checkback_at_scale
 from .common import delete_groups
 from .memory import MemoryProbe
-from .processes import WorkerPool, own_cluster, producer_scaling
+from .processes import WorkerPool, producer_scaling
 from .send import compare_send
 
 
@@ -90,7 +90,7 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
 
         targets = {"standalone": (url, False)}
         if options.cluster:
-            targets["cluster"] = (stack.enter_context(own_cluster()), True)
+            targets["cluster"] = (stack.enter_context(embedded_cluster()), True)
         loads = options.repeats * len(targets) * len(options.processes) * 3
         task = progress.add_task("producer processes", total=loads)
         pool = WorkerPool(max(options.processes))

@@ -1,14 +1,17 @@
-"""A throwaway Redis for the demo and the tests: ``redis-server`` on a free port when the binary is there,
-else fakeredis' TCP server (with the ``dev`` extra). Never touches a server it did not start."""
+"""A throwaway Redis for the demo, the tests and the benchmark: ``redis-server`` on a free port when the binary is
+there, else fakeredis' TCP server (with the ``dev`` extra); and a throwaway Redis Cluster. Never touches a server
+it did not start."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -136,3 +139,78 @@ class EmbeddedRedis:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _cluster_port(taken: list[int]) -> int:
+    """A free port whose cluster bus port (port + 10000) exists and is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535 or port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+@contextlib.contextmanager
+def embedded_cluster(masters: int = 3) -> Iterator[str]:
+    """A throwaway Redis Cluster of ``masters`` masters (no replicas, nothing kept on disk) on free ports;
+    yields the URL of its first node. Needs ``redis-server`` and ``redis-cli`` (Debian package redis-server)."""
+    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if not binary or not cli:
+        raise TxMQError("a cluster of its own needs redis-server and redis-cli on the PATH (bash scripts/setup)")
+    ports: list[int] = []
+    for _ in range(masters):
+        ports.append(_cluster_port(ports))
+    with tempfile.TemporaryDirectory(prefix="txmq-cluster-") as workdir:
+        servers = [
+            subprocess.Popen(
+                [
+                    binary,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    f"nodes-{port}.conf",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    workdir,
+                    "--loglevel",
+                    "warning",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for port in ports
+        ]
+        try:
+            for port in ports:
+                wait_for_ping(f"redis://127.0.0.1:{port}/0")
+            subprocess.run(
+                [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            node = redis.Redis(port=ports[0])
+            deadline = time.monotonic() + 30
+            while b"cluster_state:ok" not in node.execute_command("CLUSTER", "INFO"):
+                if time.monotonic() > deadline:
+                    raise TxMQError("the cluster did not reach cluster_state:ok within 30 s")
+                time.sleep(0.05)
+            node.close()
+            yield f"redis://127.0.0.1:{ports[0]}/0"
+        finally:
+            for server in servers:
+                server.terminate()
+            for server in servers:
+                server.wait(10)
