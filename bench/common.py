@@ -30,15 +30,10 @@ class Answer(TransactionListener):
         return self.state
 
 
-def topic_keys(client: Any, topic: str) -> list[str]:
-    """The topic stream and every companion key of an unpartitioned bench topic."""
-    assert topic.startswith(TOPIC_PREFIX), topic
-    return TopicKeys(topic).script_keys()
-
-
 def delete_topic(client: Any, topic: str) -> None:
     """Delete a bench topic and its companions, one key per call (cluster-safe)."""
-    for key in topic_keys(client, topic):
+    assert topic.startswith(TOPIC_PREFIX), topic
+    for key in TopicKeys(topic).script_keys():
         client.delete(key)
     client.srem(TOPIC_REGISTRY, topic)
 
