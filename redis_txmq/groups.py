@@ -15,6 +15,33 @@ _ENSURE_GROUP = "ensure_group"
 CURSOR_START = "0-0"
 
 
+def is_missing_group(exc: BaseException) -> bool:
+    """True for the NOGROUP error a read or claim gets when the stream or its consumer group is gone (Redis lost its
+    data: a restart without persistence, a failover to a replica that lagged, a FLUSHALL): the caller recreates the
+    group with :func:`ensure_consumer_group` and goes on."""
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    message = str(exc)
+    # fakeredis words XREADGROUP on a missing stream differently from Redis
+    return message.startswith("NOGROUP") or "requires the key to exist" in message
+
+
+def forget_dead_consumers(client: Any, stream: str, group: str, me: str, idle_ms: int) -> list[str]:
+    """Remove the consumers of ``group`` that hold no pending entry and were not seen for ``idle_ms``: instances
+    that died (their pending entries were claimed by live ones). Without this the group lists every instance that
+    ever ran. A live consumer removed by mistake (idle that long with nothing pending) is recreated by its next
+    read, so this is safe. Returns the names removed."""
+    removed = []
+    for info in client.xinfo_consumers(stream, group):
+        name = text(info.get("name", info.get(b"name")))
+        pending = int(info.get("pending", info.get(b"pending", 0)) or 0)
+        idle = int(info.get("idle", info.get(b"idle", 0)) or 0)
+        if name and name != me and pending == 0 and idle >= idle_ms:
+            client.xgroup_delconsumer(stream, group, name)
+            removed.append(name)
+    return removed
+
+
 def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = "0") -> bool:
     """Create ``group`` on ``stream`` (and the stream) unless it exists; True if it was created.
 
