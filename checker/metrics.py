@@ -11,7 +11,10 @@ class CheckerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.in_flight = Gauge(
-            "txmq_in_flight", "Transactions waiting for their outcome", ["topic"], registry=self.registry
+            "txmq_in_flight",
+            "Transactions waiting for their outcome (all partitions)",
+            ["topic"],
+            registry=self.registry,
         )
         self.checks_sent = Counter(
             "txmq_checks_sent", "Check requests sent to producer groups", ["group"], registry=self.registry
@@ -25,6 +28,18 @@ class CheckerMetrics:
         )
         self.dead_letters = Counter(
             "txmq_dead_letters", "Transactions moved to the dead-letter stream", ["topic"], registry=self.registry
+        )
+        self.errors = Counter(
+            "txmq_checker_errors",
+            "Steps of the checker's loop that failed (start, heartbeat, scan, replies); each is retried",
+            ["step"],
+            registry=self.registry,
+        )
+        self.topic_errors = Counter(
+            "txmq_checker_topic_errors",
+            "Scans of a topic that failed and were skipped (damaged keys, its cluster master down)",
+            ["topic"],
+            registry=self.registry,
         )
         self.check_latency = Histogram(
             "txmq_check_latency_seconds",

@@ -9,9 +9,11 @@ checker had read are claimed by a live one after ``claim_idle``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +23,15 @@ from redis_txmq import entries
 from redis_txmq.admin import registered_topics
 from redis_txmq.broker import DueCheck, EndCall, EndResult, EndSource, RedisBroker
 from redis_txmq.config import Settings
+from redis_txmq.connection import REDIS_ERRORS
 from redis_txmq.connection import instance_id as new_instance_id
 from redis_txmq.errors import TransactionError, TxMQConnectionError, TxMQError
-from redis_txmq.groups import CURSOR_START, PendingTakeover, ensure_consumer_group
+from redis_txmq.groups import CURSOR_START, Backoff, PendingTakeover, ensure_consumer_group, is_missing_group
 from redis_txmq.heartbeat import Heartbeat
 from redis_txmq.keys import (
     CHECKER_INSTANCES,
     CHECKERS_CONSUMER_GROUP,
+    PRODUCERS_CONSUMER_GROUP,
     REPLY_STREAM,
     GroupKeys,
     TopicKeys,
@@ -48,6 +52,9 @@ class RoundStats:
     more_due: bool = False
     """A topic had more due than one scan claims (``SCAN_BATCHES`` × ``batch_size``)."""
 
+
+_FAILED = object()
+"""What a guarded step of :meth:`Checker.run` returns when it failed."""
 
 SCAN_BATCHES = 10
 """Claim calls per topic in one scan (each up to ``batch_size`` transactions)."""
@@ -85,40 +92,80 @@ class Checker:
         self._started = False
 
     def start(self) -> None:
-        self.broker.load_scripts()
-        self.heartbeat.load()
-        ensure_consumer_group(self.client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP)
-        self.heartbeat.beat()
+        """Load the scripts and join the checkers; raises :class:`TxMQConnectionError` when Redis cannot be reached
+        (:meth:`run` retries it with backoff instead)."""
+        try:
+            self.broker.load_scripts()
+            self.heartbeat.load()
+            self._join_reply_group()
+            self.heartbeat.beat()
+        except REDIS_ERRORS as exc:
+            raise TxMQConnectionError(f"checker {self.instance_id}: could not start: {exc}") from exc
         self._started = True
 
+    def _join_reply_group(self) -> None:
+        ensure_consumer_group(self.client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP)
+
     def run(self, stop: threading.Event) -> None:
-        """Work until ``stop`` is set; each step ends its state changes before the next check of ``stop``."""
-        if not self._started:
-            self.start()
+        """Work until ``stop`` is set; each step ends its state changes before the next check of ``stop``.
+
+        Rides out outages: the start is retried with backoff until Redis answers, and a failing step (a topic
+        whose keys are damaged, a cluster master that is down, the reply stream unreachable) is logged, counted in
+        ``txmq_checker_errors`` and retried, while the other steps and topics go on."""
+        if not self._start_until_stopped(stop):
+            return
         logger.info("checker %s started", self.instance_id)
         next_scan = next_beat = 0.0
+        backoff = Backoff(first=0.2, cap=5.0)
         try:
             while not stop.is_set():
-                try:
-                    now = time.monotonic()
-                    if now >= next_beat:
-                        self.heartbeat.beat()
-                        next_beat = now + self.settings.heartbeat_interval
-                    if now >= next_scan:
-                        # more due than one scan claims: scan again right after applying the answers at hand
-                        next_scan = now if self.scan().more_due else now + self.scan_interval
-                    block = max(0.0, min(next_scan - time.monotonic(), 1.0))
-                    self.process_replies(block_ms=int(block * 1000))
-                except (redis.RedisError, TxMQConnectionError) as exc:
-                    logger.warning("checker %s: Redis error %s; retrying in 1 s", self.instance_id, exc)
-                    stop.wait(1.0)
+                healthy = True
+                now = time.monotonic()
+                if now >= next_beat:
+                    healthy &= self._guarded("heartbeat", self.heartbeat.beat) is not _FAILED
+                    next_beat = now + self.settings.heartbeat_interval
+                if now >= next_scan:
+                    stats = self._guarded("scan", self.scan)
+                    healthy &= stats is not _FAILED
+                    # more due than one scan claims: scan again right after applying the answers at hand
+                    more_due = isinstance(stats, RoundStats) and stats.more_due
+                    next_scan = now if more_due else now + self.scan_interval
+                block_ms = int(max(0.0, min(next_scan - time.monotonic(), 1.0)) * 1000)
+                healthy &= self._guarded("replies", functools.partial(self.process_replies, block_ms)) is not _FAILED
+                if healthy:
+                    backoff.reset()
+                else:
+                    stop.wait(backoff.next())
         finally:
             try:
                 self.heartbeat.leave()
-            except redis.RedisError:
+            except REDIS_ERRORS:
                 pass
             self.broker.close()
             logger.info("checker %s stopped", self.instance_id)
+
+    def _start_until_stopped(self, stop: threading.Event) -> bool:
+        """Start, retrying with backoff while Redis cannot be reached; False if ``stop`` was set first."""
+        backoff = Backoff(first=0.5, cap=30.0)
+        while not self._started:
+            try:
+                self.start()
+            except TxMQError as exc:
+                delay = backoff.next()
+                logger.warning("%s; retrying in %.1f s", exc, delay)
+                self.metrics.errors.labels("start").inc()
+                if stop.wait(delay):
+                    return False
+        return not stop.is_set()
+
+    def _guarded(self, step: str, action: Callable[[], Any]) -> Any:
+        """Run one step of the loop; a Redis failure is logged and counted, and ``_FAILED`` returned."""
+        try:
+            return action()
+        except (*REDIS_ERRORS, TxMQError) as exc:
+            self.metrics.errors.labels(step).inc()
+            logger.warning("checker %s: %s failed: %s; retrying", self.instance_id, step, exc)
+            return _FAILED
 
     def run_round(self) -> RoundStats:
         """One scan and the replies waiting now (no blocking): handy for tests and one-shot runs."""
@@ -132,54 +179,85 @@ class Checker:
         return registered_topics(self.client, reported=self._bad_registry_members)
 
     def scan(self) -> RoundStats:
-        """Claim due transactions of every topic and send their check requests."""
+        """Claim due transactions of every topic and send their check requests. A topic that fails (damaged keys,
+        its cluster master down) is logged, counted in ``txmq_checker_topic_errors`` and skipped: the other topics
+        and the replies go on."""
         stats = RoundStats()
         topics = self.topics()
         for keys in topics:
-            # at most SCAN_BATCHES claims per topic per scan: a backlog of one topic does not hold back the
-            # answers (and the other topics) until all of it has been requested
-            for batch in range(SCAN_BATCHES):
-                claimed = self.broker.claim_checks(keys, self.batch_size)
-                for transaction_id, reason in claimed.dead_lettered:
-                    logger.warning("tx=%s topic=%s dead-lettered: %s", transaction_id, keys.topic, reason)
-                    self.metrics.dead_letters.labels(keys.topic).inc()
-                stats.dead_lettered += len(claimed.dead_lettered)
-                stats.checks_sent += self._send_requests(keys, claimed.to_check)
-                if len(claimed.to_check) + len(claimed.dead_lettered) < self.batch_size:
-                    break
-                if batch == SCAN_BATCHES - 1:
-                    stats.more_due = True
+            try:
+                self._scan_topic(keys, stats)
+            except (*REDIS_ERRORS, TxMQError) as exc:
+                self.metrics.topic_errors.labels(keys.topic).inc()
+                logger.error(
+                    "checker %s: topic=%s stream %s skipped this round: %s",
+                    self.instance_id,
+                    keys.topic,
+                    keys.topic_stream,
+                    exc,
+                )
         if time.monotonic() >= self._next_sweep:
             stats.dead_lettered += self._sweep(topics)
             self._next_sweep = time.monotonic() + self.sweep_interval
         self._observe_in_flight(topics)
         return stats
 
+    def _scan_topic(self, keys: TopicKeys, stats: RoundStats) -> None:
+        # at most SCAN_BATCHES claims per topic per scan: a backlog of one topic does not hold back the
+        # answers (and the other topics) until all of it has been requested
+        for batch in range(SCAN_BATCHES):
+            claimed = self.broker.claim_checks(keys, self.batch_size)
+            for transaction_id, reason in claimed.dead_lettered:
+                logger.warning("tx=%s topic=%s dead-lettered: %s", transaction_id, keys.topic, reason)
+                self.metrics.dead_letters.labels(keys.topic).inc()
+            stats.dead_lettered += len(claimed.dead_lettered)
+            self.broker.drop_check_requests(claimed.abandoned_requests)
+            stats.checks_sent += self._send_requests(keys, claimed.to_check)
+            if len(claimed.to_check) + len(claimed.dead_lettered) < self.batch_size:
+                return
+            if batch == SCAN_BATCHES - 1:
+                stats.more_due = True
+
     def _send_requests(self, keys: TopicKeys, due: list[DueCheck]) -> int:
+        """Send one check request per claimed transaction, replacing the one still pending from its last check (at
+        most one request per transaction, however long its group has no live producer), then index them."""
         if not due:
             return 0
-        requested_ms = str(int(time.time() * 1000))
+        requested_ms = str(int(time.time() * 1000)).encode()
         pipe = self.client.pipeline(transaction=False)
-        groups = []
         for check in due:
-            group = entries.text(check.fields[entries.PRODUCER_GROUP]) or ""
+            stream = GroupKeys(check.producer_group).check_requests
+            if check.previous_request:
+                pipe.xack(stream, PRODUCERS_CONSUMER_GROUP, check.previous_request)
+                pipe.xdel(stream, check.previous_request)
             request = dict(check.fields)
             request.update(
                 {
                     entries.STREAM: keys.topic_stream.encode(),
                     entries.HALF_ID: check.half_id.encode(),
                     entries.CHECK_TIMES: str(check.check_times).encode(),
-                    entries.REQUESTED_MS: requested_ms.encode(),
+                    entries.REQUESTED_MS: requested_ms,
                 }
             )
-            pipe.xadd(GroupKeys(group).check_requests, request)
-            groups.append(group)
+            pipe.xadd(stream, request)
+        replies = iter(pipe.execute())
+        sent: list[tuple[str, str]] = []
+        for check in due:
+            if check.previous_request:
+                next(replies), next(replies)
+            sent.append((check.transaction_id, entries.text(next(replies)) or ""))
             logger.debug(
-                "tx=%s topic=%s check %d sent to group %s", check.transaction_id, keys.topic, check.check_times, group
+                "tx=%s topic=%s check %d sent to group %s",
+                check.transaction_id,
+                keys.topic,
+                check.check_times,
+                check.producer_group,
             )
-        pipe.execute()
-        for group in groups:
-            self.metrics.checks_sent.labels(group).inc()
+            self.metrics.checks_sent.labels(check.producer_group).inc()
+        groups = {txid: check.producer_group for txid, check in zip((t for t, _ in sent), due, strict=True)}
+        stale = set(self.broker.note_check_requests(keys, sent))
+        if stale:
+            self.broker.drop_check_requests([(groups[txid], rid) for txid, rid in sent if rid in stale])
         return len(due)
 
     def _sweep(self, topics: list[TopicKeys]) -> int:
@@ -187,7 +265,14 @@ class Checker:
         buried_total = 0
         for keys in topics:
             cursor = self._sweep_cursors.get(keys.topic_stream, CURSOR_START)
-            cursor, buried = self.broker.sweep_half(keys, cursor, self.batch_size)
+            try:
+                cursor, buried = self.broker.sweep_half(keys, cursor, self.batch_size)
+            except (*REDIS_ERRORS, TxMQError) as exc:
+                self.metrics.topic_errors.labels(keys.topic).inc()
+                logger.error(
+                    "checker %s: topic=%s sweep of %s failed: %s", self.instance_id, keys.topic, keys.half_stream, exc
+                )
+                continue
             self._sweep_cursors[keys.topic_stream] = cursor
             for entry_id, reason in buried:
                 logger.error("topic=%s half entry %s dead-lettered: %s", keys.topic, entry_id, reason)
@@ -196,16 +281,30 @@ class Checker:
         return buried_total
 
     def _observe_in_flight(self, topics: list[TopicKeys]) -> None:
-        if not topics:
-            return
-        pipe = self.client.pipeline(transaction=False)
+        """``txmq_in_flight{topic}``: the sum over the topic's partitions."""
+        totals: dict[str, int] = {}
         for keys in topics:
-            pipe.hlen(keys.inflight)
-        for keys, count in zip(topics, pipe.execute(), strict=True):
-            self.metrics.in_flight.labels(keys.topic).set(count)
+            try:
+                count = int(self.client.hlen(keys.inflight))
+            except REDIS_ERRORS:
+                continue  # counted as a topic error by the scan; the gauge keeps its last value
+            totals[keys.topic] = totals.get(keys.topic, 0) + count
+        for topic, count in totals.items():
+            self.metrics.in_flight.labels(topic).set(count)
 
     def process_replies(self, block_ms: int | None) -> int:
-        """Apply the answers of the reply stream: abandoned ones first, then new ones."""
+        """Apply the answers of the reply stream: abandoned ones first, then new ones. A reply stream or consumer
+        group that Redis lost (restart without persistence, failover to a lagging replica) is recreated."""
+        try:
+            return self._process_replies(block_ms)
+        except redis.ResponseError as exc:
+            if not is_missing_group(exc):
+                raise
+            logger.warning("checker %s: the reply stream's consumer group is gone; recreating it", self.instance_id)
+            self._join_reply_group()
+            return 0
+
+    def _process_replies(self, block_ms: int | None) -> int:
         applied = 0
         claimed = self._takeover.claim(self.batch_size)
         if claimed:

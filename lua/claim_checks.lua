@@ -10,8 +10,11 @@
 -- ARGV[4] max_age_ms               age (from born_ms) after which it is given up
 -- ARGV[5] limit                    at most this many transactions per call
 -- ARGV[6] dedupe_window_ms         outcomes (and op records) older than this are forgotten, up to 1000 per call
--- Reply: {'OK', {{transaction_id, half_id, check_times, half_fields}, ...}, {{transaction_id, reason}, ...}}
---        (to check; dead-lettered) or {'ERR', 'BADARG', detail}.
+-- Reply: {'OK', {{transaction_id, half_id, check_times, half_fields, previous_request_id}, ...},
+--              {{transaction_id, reason, producer_group, request_id}, ...}}
+--        (to check; dead-lettered) or {'ERR', 'BADARG', detail}. A request id ('' for none) names the
+--        transaction's pending check request in its producer group's stream (another hash slot): the caller
+--        deletes it, so a transaction has at most one pending request and none once it is dead-lettered.
 
 local timeout_ms, interval_ms, check_max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_age_ms, limit, window_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -56,13 +59,14 @@ for _, txid in ipairs(candidates) do
     end
   end
   if reason then
-    bury(txid, half_id, entries[1] and entries[1][2] or {'transaction_id', txid}, reason, check_times, now)
-    buried[#buried + 1] = {txid, reason}
+    local _, request_id = bury(txid, half_id, entries[1] and entries[1][2] or {'transaction_id', txid}, reason,
+      check_times, now)
+    buried[#buried + 1] = {txid, reason, half['producer_group'] or '', request_id}
   elseif half_id then
     redis.call('HINCRBY', checks, txid, 1)
     redis.call('ZREM', unchecked, txid)
     redis.call('ZADD', due, now + interval_ms, txid)
-    to_check[#to_check + 1] = {txid, half_id, check_times + 1, entries[1][2]}
+    to_check[#to_check + 1] = {txid, half_id, check_times + 1, entries[1][2], redis.call('HGET', requests, txid) or ''}
   end
 end
 return {'OK', to_check, buried}

@@ -7,7 +7,8 @@
 -- ARGV[3] dedupe_window_ms
 -- ARGV[4] op_stream_maxlen
 -- ARGV[5] remark             '' for none
--- Reply: {'OK', state, half_id, committed_id or '', 'APPLIED' | 'DUPLICATE'} or {'ERR', code, detail}.
+-- Reply: {'OK', state, half_id, committed_id or '', 'APPLIED' | 'DUPLICATE', ''} or {'ERR', code, detail}
+--        (the last element is end_transaction's check request id: a dead-lettered transaction has none).
 
 local txid, action, window_ms, op_maxlen, remark = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 if txid == '' or (action ~= 'COMMIT' and action ~= 'ROLLBACK' and action ~= 'RECHECK') then
@@ -23,7 +24,7 @@ if not dead_id then
   local half_id = redis.call('HGET', inflight, txid)
   if half_id then
     if action == 'RECHECK' then
-      return {'OK', 'PREPARED', half_id, '', 'DUPLICATE'}
+      return {'OK', 'PREPARED', half_id, '', 'DUPLICATE', ''}
     end
     return fail('NOT_DEAD', 'the transaction is in flight, not dead-lettered')
   end
@@ -31,7 +32,7 @@ if not dead_id then
   if prior then
     local state, committed, prior_half = split_ended(prior)
     if state == action then
-      return {'OK', state, prior_half, committed == '-' and '' or committed, 'DUPLICATE'}
+      return {'OK', state, prior_half, committed == '-' and '' or committed, 'DUPLICATE', ''}
     end
     return fail('CONFLICT', 'the transaction already ended with ' .. state)
   end
@@ -70,9 +71,9 @@ if action == 'RECHECK' then
   if remark ~= '' then
     redis.call('HSET', remarks, txid, remark)
   end
-  return {'OK', 'PREPARED', half_id, '', 'APPLIED'}
+  return {'OK', 'PREPARED', half_id, '', 'APPLIED', ''}
 end
 
 local half_id = dead['half_id'] or '-'
 local committed_id = apply_outcome(txid, action, dead, half_id, 'operator', remark, now, window_ms, op_maxlen)
-return {'OK', action, half_id, committed_id, 'APPLIED'}
+return {'OK', action, half_id, committed_id, 'APPLIED', ''}

@@ -9,7 +9,9 @@
 -- ARGV[6] dedupe_window_ms   how long the outcome is remembered to answer a repeated end; 0 = not at all
 -- ARGV[7] op_stream_maxlen   approximate cap of the op stream
 -- ARGV[8] half_id            expected half message id, '' to skip that check
--- Reply: {'OK', state, half_id, committed_id or '', 'APPLIED' | 'DUPLICATE' | 'RECORDED'}
+-- Reply: {'OK', state, half_id, committed_id or '', 'APPLIED' | 'DUPLICATE' | 'RECORDED', check_request_id or ''}
+--        (check_request_id: the transaction's pending check request, retired with it; the caller deletes that
+--        entry from its producer group's check-request stream)
 --        or {'ERR', code, detail} with code BADARG | NOT_FOUND | CONFLICT | GROUP_MISMATCH | DEAD | CORRUPT | WRONGTYPE.
 -- COMMIT appends to the topic stream and writes the op record in this one call: no crash can split them.
 
@@ -37,7 +39,7 @@ if not half_id then
       return fail('GROUP_MISMATCH', 'the transaction belongs to producer group ' .. prior_group)
     end
     if outcome == 'UNKNOWN' or outcome == state then
-      return {'OK', state, prior_half, committed == '-' and '' or committed, 'DUPLICATE'}
+      return {'OK', state, prior_half, committed == '-' and '' or committed, 'DUPLICATE', ''}
     end
     return fail('CONFLICT', 'the transaction already ended with ' .. state)
   end
@@ -66,7 +68,7 @@ if outcome == 'UNKNOWN' then
   if remark ~= '' then
     redis.call('HSET', remarks, txid, remark)
   end
-  return {'OK', 'PREPARED', half_id, '', 'RECORDED'}
+  return {'OK', 'PREPARED', half_id, '', 'RECORDED', ''}
 end
 
 if outcome == 'COMMIT' and not is_stream_or_free(topic_stream) then
@@ -74,5 +76,5 @@ if outcome == 'COMMIT' and not is_stream_or_free(topic_stream) then
 end
 -- Outcome first, retire after: a write that fails part-way must not lose the half message.
 local committed_id = apply_outcome(txid, outcome, half, half_id, source, remark, now, window_ms, op_maxlen)
-retire(txid, half_id)
-return {'OK', outcome, half_id, committed_id, 'APPLIED'}
+local request_id = retire(txid, half_id)
+return {'OK', outcome, half_id, committed_id, 'APPLIED', request_id}

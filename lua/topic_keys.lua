@@ -14,12 +14,15 @@
 -- KEYS[10] checks        hash    transaction id -> number of checks so far
 -- KEYS[11] remarks       hash    transaction id -> last remark
 -- KEYS[12] dead_index    hash    transaction id -> entry id in dead_stream
+-- KEYS[13] requests      hash    transaction id -> entry id of its pending check request (in its group's stream,
+--                                another slot: the caller deletes the entry when a script returns its id)
 --
 -- Replies are tables: {'OK', ...} or {'ERR', code, detail}; the Python side maps codes to exceptions.
 
 local half_stream, op_stream, dead_stream, topic_stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local inflight, ended, ended_at = KEYS[5], KEYS[6], KEYS[7]
 local unchecked, due, checks, remarks, dead_index = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local requests = KEYS[13]
 
 -- Times come from the Redis server, never from a client: clients' clocks skew.
 local function now_ms()
@@ -70,15 +73,23 @@ end
 
 -- Drop every trace of an in-flight transaction: memory follows in-flight transactions, not history.
 -- A transaction still in `unchecked` was never checked (claim_checks moves it to `due` when it counts a check),
--- so it has no `due` or `checks` entry: the common path saves two calls.
+-- so it has no `due`, `checks` or `requests` entry: the common path saves three calls.
+-- Returns the id of the transaction's pending check request ('' for none): it lives in another hash slot, so the
+-- caller deletes it from its producer group's stream.
 local function retire(txid, half_id)
   redis.call('XDEL', half_stream, half_id)
   redis.call('HDEL', inflight, txid)
+  local request_id = ''
   if redis.call('ZREM', unchecked, txid) == 0 then
     redis.call('ZREM', due, txid)
     redis.call('HDEL', checks, txid)
+    request_id = redis.call('HGET', requests, txid) or ''
+    if request_id ~= '' then
+      redis.call('HDEL', requests, txid)
+    end
   end
   redis.call('HDEL', remarks, txid)
+  return request_id
 end
 
 -- Remember an outcome for the dedupe window, so a repeated end gets the first answer.
@@ -119,6 +130,7 @@ end
 
 -- Move a transaction, whole, to the dead-letter stream with why; nothing is dropped without a record.
 -- `fields` is the half message's flat field list (as stored), kept unchanged in front of the dead_* fields.
+-- Returns the dead-letter entry id and the id of the transaction's pending check request ('' for none).
 local function bury(txid, half_id, fields, reason, check_times, now)
   local record = {}
   for i = 1, #fields do
@@ -133,8 +145,7 @@ local function bury(txid, half_id, fields, reason, check_times, now)
   if txid ~= '' then
     redis.call('HSET', dead_index, txid, dead_id)
   end
-  retire(txid, half_id)
-  return dead_id
+  return dead_id, retire(txid, half_id)
 end
 
 -- ===== end of prelude =====

@@ -9,13 +9,14 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from . import entries
 from .config import Settings
+from .connection import REDIS_ERRORS
 from .direct import ScriptRunner
 from .errors import (
     CorruptEntryError,
@@ -28,7 +29,7 @@ from .errors import (
     TxMQConnectionError,
     TxMQError,
 )
-from .keys import TOPIC_REGISTRY, TopicKeys
+from .keys import PRODUCERS_CONSUMER_GROUP, TOPIC_REGISTRY, GroupKeys, TopicKeys
 from .message import LocalTransactionState, Message
 from .scripts import preload, register_topic_script
 
@@ -52,12 +53,14 @@ class PrepareResult:
 
 @dataclass(slots=True)
 class EndResult:
-    """``state`` is PREPARED (UNKNOWN recorded), COMMIT or ROLLBACK; ``applied`` is False for a repeat."""
+    """``state`` is PREPARED (UNKNOWN recorded), COMMIT or ROLLBACK; ``applied`` is False for a repeat.
+    ``check_request`` is the pending check request the end retired ('' for none); the broker deletes it."""
 
     state: str
     half_id: str
     committed_id: str | None
     applied: bool
+    check_request: str = ""
 
 
 @dataclass(slots=True)
@@ -77,18 +80,26 @@ class EndCall:
 
 @dataclass(frozen=True)
 class DueCheck:
-    """A transaction the checker claimed for a check-back; ``fields`` are its half message's fields."""
+    """A transaction the checker claimed for a check-back; ``fields`` are its half message's fields;
+    ``previous_request`` is its check request still pending from an earlier check ('' for none)."""
 
     transaction_id: str
     half_id: str
     check_times: int
     fields: dict[str, bytes]
+    previous_request: str = ""
+
+    @property
+    def producer_group(self) -> str:
+        return entries.text(self.fields.get(entries.PRODUCER_GROUP)) or ""
 
 
 @dataclass(frozen=True)
 class ClaimResult:
     to_check: list[DueCheck]
     dead_lettered: list[tuple[str, str]]
+    abandoned_requests: list[tuple[str, str]] = field(default_factory=list)
+    """``(producer group, request id)`` of the check requests of the dead-lettered transactions."""
 
 
 class DeadAction(str, enum.Enum):
@@ -119,6 +130,7 @@ class RedisBroker:
         self._claim_checks = register_topic_script(client, "claim_checks")
         self._sweep_half = register_topic_script(client, "sweep_half")
         self._dead_resolve = register_topic_script(client, "dead_resolve")
+        self._note_requests = register_topic_script(client, "note_requests")
         self._registered: set[str] = set()
         self._registry_lock = threading.Lock()
         self.runner = ScriptRunner(client)
@@ -131,9 +143,16 @@ class RedisBroker:
     def load_scripts(self) -> None:
         """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
         try:
-            preload(self._prepare, self._end, self._claim_checks, self._sweep_half, self._dead_resolve)
+            preload(
+                self._prepare, self._end, self._claim_checks, self._sweep_half, self._dead_resolve, self._note_requests
+            )
         except redis.RedisError as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
+
+    def registered_streams(self) -> frozenset[str]:
+        """The topic streams this process registered: re-asserted with the heartbeat, so the registry heals
+        after Redis lost its data."""
+        return frozenset(self._registered)
 
     def register_topic(self, keys: TopicKeys) -> None:
         """Add the topic stream to the registry the checker walks; once per process and stream."""
@@ -182,7 +201,10 @@ class RedisBroker:
             reply = self.runner.run(self._end, keys.script_keys(), self._end_args(end))
         except redis.RedisError as exc:
             raise _end_call_error(exc, keys, transaction_id) from exc
-        return _end_result(reply, keys, transaction_id)
+        result = _end_result(reply, keys, transaction_id)
+        if result.check_request:
+            self.drop_check_requests([(producer_group, result.check_request)])
+        return result
 
     def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:
         """Apply many ends in one pipeline (a one-way producer's flusher, a checker's batch of answers); each
@@ -206,7 +228,40 @@ class RedisBroker:
                 results.append(_end_result(reply, end.keys, end.transaction_id))
             except TxMQError as exc:
                 results.append(exc)
+        self.drop_check_requests(
+            [
+                (end.producer_group, result.check_request)
+                for end, result in zip(ends, results, strict=True)
+                if isinstance(result, EndResult) and result.check_request
+            ]
+        )
         return results
+
+    def drop_check_requests(self, requests: list[tuple[str, str]]) -> None:
+        """Delete check requests ``(producer group, request id)`` whose transaction ended or was dead-lettered.
+
+        Best effort: a request left behind is answered by a producer and applied as a repeat, or found stale by
+        the checker's next claim of the same transaction (which deletes it)."""
+        if not requests:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for group, request_id in requests:
+                stream = GroupKeys(group).check_requests
+                pipe.xack(stream, PRODUCERS_CONSUMER_GROUP, request_id)
+                pipe.xdel(stream, request_id)
+            pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            logger.warning("could not delete %d answered check requests: %s", len(requests), exc)
+
+    def note_check_requests(self, keys: TopicKeys, sent: list[tuple[str, str]]) -> list[str]:
+        """Remember ``(transaction id, request id)`` of the check requests just sent (``lua/note_requests.lua``);
+        returns the ids of requests whose transaction ended meanwhile (the caller deletes them)."""
+        args = [value for pair in sent for value in pair]
+        reply = self._call(self._note_requests, keys, args, "note check requests")
+        if entries.text(reply[0]) != "OK":
+            raise TxMQError(f"topic {keys.topic!r}: note_requests refused: {_reply(reply, 3)[1:]}")
+        return [entries.text(request_id) or "" for request_id in reply[1]]
 
     def _end_args(self, end: EndCall) -> list[Any]:
         return [
@@ -246,17 +301,20 @@ class RedisBroker:
         reply = self._call(self._claim_checks, keys, args, "claim checks")
         if entries.text(reply[0]) != "OK":
             raise TxMQError(f"topic {keys.topic!r}: claim_checks refused: {_reply(reply, 3)[1:]}")
+        text = entries.text
         to_check = [
             DueCheck(
-                transaction_id=entries.text(txid) or "",
-                half_id=entries.text(half_id) or "",
+                transaction_id=text(txid) or "",
+                half_id=text(half_id) or "",
                 check_times=int(check_times),
                 fields=entries.field_map(flat),
+                previous_request=text(previous) or "",
             )
-            for txid, half_id, check_times, flat in reply[1]
+            for txid, half_id, check_times, flat, previous in reply[1]
         ]
-        dead = [(entries.text(txid) or "", entries.text(reason) or "") for txid, reason in reply[2]]
-        return ClaimResult(to_check, dead)
+        dead = [(text(txid) or "", text(reason) or "") for txid, reason, _, _ in reply[2]]
+        abandoned = [(text(group) or "", text(request) or "") for _, _, group, request in reply[2] if text(request)]
+        return ClaimResult(to_check, dead, [(g, r) for g, r in abandoned if g])
 
     def sweep_half(self, keys: TopicKeys, cursor: str, count: int) -> tuple[str, list[tuple[str, str]]]:
         """Dead-letter half entries that no transaction owns; returns the next cursor ('0-0' at the end)."""
@@ -267,7 +325,7 @@ class RedisBroker:
     def _call(self, script: Any, keys: TopicKeys, args: list[Any], what: str, transaction_id: str = "") -> Any:
         try:
             return script(keys=keys.script_keys(), args=args)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             tx = f", transaction {transaction_id}" if transaction_id else ""
             raise TxMQConnectionError(f"topic {keys.topic!r}{tx}: {what} failed: {exc}") from exc
 
@@ -281,12 +339,18 @@ def _end_call_error(exc: redis.RedisError, keys: TopicKeys, transaction_id: str)
 
 def _end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
     """Map an end-like script reply to an :class:`EndResult` or the matching :class:`TransactionError`."""
-    if type(reply) is list and len(reply) == 5 and reply[0] == b"OK":  # the common case, decoded without a detour
-        committed = reply[3]
-        return EndResult(reply[1].decode(), reply[2].decode(), committed.decode() or None, reply[4] == b"APPLIED")
-    status, first, second, third, fourth = _reply(reply, 5)
+    if type(reply) is list and len(reply) == 6 and reply[0] == b"OK":  # the common case, decoded without a detour
+        committed, request = reply[3], reply[5]
+        return EndResult(
+            reply[1].decode(),
+            reply[2].decode(),
+            committed.decode() or None,
+            reply[4] == b"APPLIED",
+            request.decode() if request else "",
+        )
+    status, first, second, third, fourth, fifth = _reply(reply, 6)
     if status == "OK":
-        return EndResult(state=first, half_id=second, committed_id=third or None, applied=fourth == "APPLIED")
+        return EndResult(first, second, third or None, fourth == "APPLIED", fifth)
     where = f"topic {keys.topic!r}, transaction {transaction_id}"
     if first in ("CORRUPT", "WRONGTYPE"):
         raise CorruptEntryError(f"{where}: {second}")

@@ -12,18 +12,19 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import redis
 from redis.cluster import RedisCluster
 
 from . import entries
 from .config import Settings
-from .errors import CorruptEntryError
-from .groups import PendingTakeover, ensure_consumer_group
+from .connection import REDIS_ERRORS
+from .errors import CorruptEntryError, TxMQConnectionError
+from .groups import Backoff, PendingTakeover, ensure_consumer_group, is_missing_group
 from .heartbeat import Heartbeat
-from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
+from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, TOPIC_REGISTRY, GroupKeys
 from .listener import TransactionListener, local_state
 
 logger = logging.getLogger(__name__)
@@ -36,13 +37,20 @@ class CheckRequestHandler:
     """Reads check requests of one producer group and answers them on ``check_threads`` workers."""
 
     def __init__(
-        self, client: Any, producer_group: str, listener: TransactionListener, settings: Settings, instance_id: str
+        self,
+        client: Any,
+        producer_group: str,
+        listener: TransactionListener,
+        settings: Settings,
+        instance_id: str,
+        topics: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         self.client = client
         self.producer_group = producer_group
         self.listener = listener
         self.settings = settings
         self.instance_id = instance_id
+        self.topics = topics
         self.keys = GroupKeys(producer_group)
         self._cluster = isinstance(client, RedisCluster)
         self.heartbeat = Heartbeat(client, self.keys.producers, instance_id, settings.heartbeat_interval)
@@ -54,14 +62,37 @@ class CheckRequestHandler:
         self._takeover = PendingTakeover(
             client, self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, instance_id, settings.claim_idle
         )
+        self._needs_set_up = True
 
     def start(self) -> None:
-        ensure_consumer_group(self.client, self.keys.check_requests, PRODUCERS_CONSUMER_GROUP)
-        self.client.sadd(GROUP_REGISTRY, self.producer_group)
-        self.heartbeat.load()
-        self.heartbeat.beat()
+        """Join the group's readers and begin answering. On a Redis Cluster whose master of this group's slot is
+        down, the set-up is logged and retried by the reader until it works: the producer can send meanwhile."""
+        try:
+            self._set_up()
+        except REDIS_ERRORS as exc:
+            if not self._cluster:
+                raise
+            logger.warning("group=%s cannot serve check requests yet (%s); retrying", self.producer_group, exc)
+            self._needs_set_up = True
         self._reader = threading.Thread(target=self._read_loop, name=f"txmq-checks-{self.producer_group}", daemon=True)
         self._reader.start()
+
+    def _set_up(self) -> None:
+        ensure_consumer_group(self.client, self.keys.check_requests, PRODUCERS_CONSUMER_GROUP)
+        self.heartbeat.load()
+        self._beat()
+        self._needs_set_up = False
+
+    def _beat(self) -> None:
+        """Heartbeat, and re-assert the registries (this group, the topic streams this producer wrote to): a Redis
+        that lost its data (restart without persistence, failover to a lagging replica) heals within a beat."""
+        self.heartbeat.beat()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(GROUP_REGISTRY, self.producer_group)
+        streams = list(self.topics())
+        if streams:
+            pipe.sadd(TOPIC_REGISTRY, *streams)
+        pipe.execute()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop reading, finish the checks that are running, hand the queued ones back to other instances."""
@@ -87,39 +118,55 @@ class CheckRequestHandler:
                 )
                 logger.info("group=%s handed back %d check requests", self.producer_group, len(handed_back))
             self.heartbeat.leave()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("group=%s could not hand back check requests on shutdown: %s", self.producer_group, exc)
 
     def _read_loop(self) -> None:
-        next_beat = 0.0
+        next_beat = time.monotonic() + self.settings.heartbeat_interval
+        backoff = Backoff()
         while not self._stop.is_set():
             try:
+                if self._needs_set_up:
+                    self._set_up()
+                    logger.info("group=%s serving check requests", self.producer_group)
                 now = time.monotonic()
                 if now >= next_beat:
-                    self.heartbeat.beat()
+                    self._beat()
                     next_beat = now + self.settings.heartbeat_interval
-                room = self._wait_for_room()
-                if room == 0:
-                    continue
-                abandoned = self._takeover.claim(min(room, 100))
-                if abandoned:
-                    logger.info(
-                        "group=%s took over %d check requests of a dead instance", self.producer_group, len(abandoned)
+                self._read_once()
+                backoff.reset()
+            except REDIS_ERRORS + (TxMQConnectionError,) as exc:
+                if is_missing_group(exc):
+                    logger.warning(
+                        "group=%s: the check-request consumer group is gone (Redis lost its data?); recreating it",
+                        self.producer_group,
                     )
-                    self._dispatch(abandoned)
+                    self._needs_set_up = True
                     continue
-                reply = self.client.xreadgroup(
-                    PRODUCERS_CONSUMER_GROUP,
-                    self.instance_id,
-                    {self.keys.check_requests: ">"},
-                    count=min(room, 100),
-                    block=READ_BLOCK_MS,
+                delay = backoff.next()
+                logger.warning(
+                    "group=%s reading check requests failed: %s; retrying in %.1f s", self.producer_group, exc, delay
                 )
-                for _, batch in entries.stream_batches(reply):
-                    self._dispatch(batch)
-            except redis.RedisError as exc:
-                logger.warning("group=%s reading check requests failed: %s; retrying", self.producer_group, exc)
-                self._stop.wait(1.0)
+                self._stop.wait(delay)
+
+    def _read_once(self) -> None:
+        room = self._wait_for_room()
+        if room == 0:
+            return
+        abandoned = self._takeover.claim(min(room, 100))
+        if abandoned:
+            logger.info("group=%s took over %d check requests of a dead instance", self.producer_group, len(abandoned))
+            self._dispatch(abandoned)
+            return
+        reply = self.client.xreadgroup(
+            PRODUCERS_CONSUMER_GROUP,
+            self.instance_id,
+            {self.keys.check_requests: ">"},
+            count=min(room, 100),
+            block=READ_BLOCK_MS,
+        )
+        for _, batch in entries.stream_batches(reply):
+            self._dispatch(batch)
 
     def _wait_for_room(self) -> int:
         with self._room:
@@ -175,7 +222,7 @@ class CheckRequestHandler:
         }
         try:
             self._finish(request_id, reply)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning(
                 "tx=%s topic=%s could not send the check answer: %s; it will be asked again",
                 message.transaction_id,

@@ -11,9 +11,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from .config import Settings
 from .errors import ConfigurationError
+
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+"""What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
 
 
 def connect(redis_url: str, *, cluster: bool = False, **kwargs: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -10,6 +11,8 @@ import redis
 from .entries import text
 from .errors import TxMQConnectionError
 from .scripts import script_source
+
+logger = logging.getLogger(__name__)
 
 _ENSURE_GROUP = "ensure_group"
 CURSOR_START = "0-0"
@@ -54,11 +57,29 @@ def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = 
         raise TxMQConnectionError(f"stream {stream!r}: could not create consumer group {group!r}: {exc}") from exc
 
 
+class Backoff:
+    """Waits between retries of a loop that rides out outages: ``first`` doubling up to ``cap`` seconds."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first = first
+        self.cap = cap
+        self._next = first
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self.cap, self._next * 2)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.first
+
+
 class PendingTakeover:
     """Takes over entries that a dead reader of a consumer group left pending (read, never acknowledged).
 
     XAUTOCLAIM walks the pending list with a cursor, a batch per call; once a walk ends, the next starts
-    ``claim_idle / 2`` seconds later, so a live group pays about nothing for it."""
+    ``claim_idle / 2`` seconds later, so a live group pays about nothing for it. When a walk ends, the consumers
+    that hold nothing and were not seen for ``claim_idle`` (dead instances, their entries claimed) are removed."""
 
     def __init__(self, client: Any, stream: str, group: str, consumer: str, claim_idle: float) -> None:
         self.client = client
@@ -80,4 +101,9 @@ class PendingTakeover:
         self._cursor = text(cursor) or CURSOR_START
         if self._cursor == CURSOR_START:
             self._next_walk = now + self.claim_idle / 2
+            gone = forget_dead_consumers(
+                self.client, self.stream, self.group, self.consumer, int(self.claim_idle * 1000)
+            )
+            if gone:
+                logger.info("stream=%s group=%s removed dead consumers %s", self.stream, self.group, ", ".join(gone))
         return list(claimed)

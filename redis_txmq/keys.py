@@ -19,6 +19,7 @@ key                                   type    holds
 ``txmq:{S}:checks``                   hash    transaction id -> number of checks so far
 ``txmq:{S}:remarks``                  hash    transaction id -> last remark (listener exception, check answer)
 ``txmq:{S}:dead-index``               hash    transaction id -> entry id in the dead-letter stream
+``txmq:{S}:requests``                 hash    transaction id -> id of its pending check request (at most one)
 ``txmq:{S}:consumer-dead:<group>``    stream  entries a consumer group gave up on (delivery limit)
 ``txmq:topic:{T}``                    hash    topic T's metadata: ``partitions`` (absent: one partition)
 ``txmq:topics``                       set     registry of topic stream keys that have seen a transaction
@@ -123,6 +124,11 @@ class TopicKeys:
     def dead_index(self) -> str:
         return self._companion("dead-index")
 
+    @property
+    def check_requests(self) -> str:
+        """Transaction id -> the entry id of its one pending check request in its producer group's stream."""
+        return self._companion("requests")
+
     def consumer_dead_stream(self, group: str) -> str:
         """Dead letters of one consumer group of this topic stream."""
         validate_name(group, "consumer group")
@@ -147,6 +153,7 @@ class TopicKeys:
             self.checks,
             self.remarks,
             self.dead_index,
+            self.check_requests,
         ]
 
 

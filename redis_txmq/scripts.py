@@ -8,11 +8,17 @@ the automatic SCRIPT LOAD fallback when the server answers NOSCRIPT (after a res
 from __future__ import annotations
 
 import functools
+import logging
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from redis.cluster import RedisCluster
+
+from .connection import REDIS_ERRORS
 from .errors import TxMQError
+
+logger = logging.getLogger(__name__)
 
 TOPIC_PRELUDE = "topic_keys"
 CONSUMER_PRELUDE = "consumer_keys"
@@ -51,6 +57,31 @@ def register_topic_script(client: Any, name: str) -> Any:
 def preload(*scripts: Any) -> None:
     """SCRIPT LOAD now, so the first call finds its script (and a bad connection shows at start-up).
 
-    Calls still recover from NOSCRIPT after a server restart or SCRIPT FLUSH."""
-    for script in scripts:
-        script.sha = script.registered_client.script_load(script.script)
+    Calls still recover from NOSCRIPT after a server restart or SCRIPT FLUSH. On a Redis Cluster the scripts are
+    loaded master by master, and a master that cannot be reached is skipped with a warning (its slots' calls
+    load the scripts when they first run there): one master down must not stop a producer or checker from
+    starting and serving the topics of the others. Raises when no master could be reached."""
+    if not scripts:
+        return
+    client = scripts[0].registered_client
+    if not isinstance(client, RedisCluster):
+        for script in scripts:
+            script.sha = client.script_load(script.script)
+        return
+    failure: Exception | None = None
+    loaded = 0
+    for node in client.get_primaries():
+        try:
+            for script in scripts:
+                client.script_load(script.script, target_nodes=node)
+            loaded += 1
+        except REDIS_ERRORS as exc:
+            failure = exc
+            logger.warning(
+                "could not load the scripts on master %s:%s (%s); its slots load them on first use",
+                node.host,
+                node.port,
+                exc,
+            )
+    if not loaded and failure is not None:
+        raise failure

@@ -31,7 +31,7 @@ from redis_txmq import (
 )
 from redis_txmq.admin import dead_letters, resolve_dead
 from redis_txmq.admin import status as read_status
-from redis_txmq.broker import DeadAction, RedisBroker
+from redis_txmq.broker import DeadAction, EndSource, RedisBroker
 from redis_txmq.cli import main
 from redis_txmq.errors import TransactionConflictError
 from redis_txmq.keys import (
@@ -101,11 +101,14 @@ def leftovers(client: Any, keys: TopicKeys = KEYS, group: str = GROUP) -> dict[s
         "checks": client.hlen(keys.checks),
         "remarks": client.hlen(keys.remarks),
         "requests": client.xlen(GroupKeys(group).check_requests),
+        "request_index": client.hlen(keys.check_requests),
         "replies": client.xlen(REPLY_STREAM),
     }
 
 
-NOTHING_LEFT = dict.fromkeys(("half", "inflight", "unchecked", "due", "checks", "remarks", "requests", "replies"), 0)
+NOTHING_LEFT = dict.fromkeys(
+    ("half", "inflight", "unchecked", "due", "checks", "remarks", "requests", "request_index", "replies"), 0
+)
 
 
 def requested(client: Any, group: str = GROUP) -> list[str]:
@@ -355,18 +358,65 @@ def test_check_max_dead_letters_then_cli_lists_commits_rolls_back_and_rechecks(
 
 
 def test_check_max_without_any_live_producer(client):
-    """No producer ever reads the requests: each claim still counts a check, then the transaction is given up."""
+    """No producer ever reads the requests: each claim still counts a check, then the transaction is given up.
+    Its group's request stream holds one request while it is in flight (each check replaces the last one) and none
+    once it is dead-lettered: memory follows in-flight transactions, not checks."""
     settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=3)
     broker = RedisBroker(client, settings)
     broker.load_scripts()
     half_id = prepare(broker, "lonely", b"nobody answers")
     checker = Checker(client, settings)
-    run_rounds(checker, lambda: client.xlen(KEYS.dead_stream) == 1)
-    assert requested(client) == ["lonely"] * 3, "the requests stay in the durable stream for a producer to come"
+    seen_checks = set()
+
+    def step() -> bool:
+        checker.run_round()
+        assert len(requested(client)) <= 1, "at most one pending request per transaction"
+        seen_checks.update(int(f[b"check_times"]) for _, f in client.xrange(GroupKeys(GROUP).check_requests))
+        return client.xlen(KEYS.dead_stream) == 1
+
+    wait_until(step)
+    assert seen_checks <= {1, 2, 3} and 3 in seen_checks
     ((_, dead),) = client.xrange(KEYS.dead_stream)
     assert dead[b"body"] == b"nobody answers" and dead[b"half_id"].decode() == half_id
     assert dead[b"check_times"] == b"3" and dead[b"dead_reason"] == b"check_max 3 checks reached"
-    assert leftovers(client) | {"requests": 0} == NOTHING_LEFT
+    assert leftovers(client) == NOTHING_LEFT, "the dead-lettered transaction's request is deleted with it"
+
+
+def test_requests_without_live_producer_do_not_pile_up(real_client):
+    """100 transactions of 100 KB, check_max 5, no producer alive: the request stream never holds more than one
+    request per transaction, and nothing once all are dead-lettered (it used to keep 500 requests, 57 MB)."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=5)
+    broker = RedisBroker(real_client, settings)
+    broker.load_scripts()
+    body = b"x" * 100_000
+    for i in range(100):
+        prepare(broker, f"big-{i}", body)
+    checker = Checker(real_client, settings)
+    most = 0
+
+    def step() -> bool:
+        nonlocal most
+        checker.run_round()
+        most = max(most, real_client.xlen(GroupKeys(GROUP).check_requests))
+        return real_client.xlen(KEYS.dead_stream) == 100
+
+    wait_until(step, timeout=30)
+    assert most <= 100
+    assert leftovers(real_client) == NOTHING_LEFT
+
+
+def test_request_of_a_checked_transaction_is_deleted_when_its_producer_ends_it(real_client):
+    """A late end from the producer (after a check request went out to a group with no live instance) deletes
+    the request with the transaction: no answer can be needed any more."""
+    settings = Settings(transaction_timeout=0, check_interval=60)
+    broker = RedisBroker(real_client, settings)
+    broker.load_scripts()
+    prepare(broker, "late")
+    Checker(real_client, settings).run_round()
+    assert requested(real_client) == ["late"] and real_client.hlen(KEYS.check_requests) == 1
+    result = broker.end_transaction(KEYS, "late", GROUP, COMMIT, source=EndSource.PRODUCER)
+    assert result.applied and result.check_request
+    assert leftovers(real_client) == NOTHING_LEFT
 
 
 def test_max_age_dead_letters_the_whole_message(client):
