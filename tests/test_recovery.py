@@ -1,0 +1,148 @@
+"""What recovers by itself: a damaged topic, Redis lost data, Redis not there at start, dead instances' names."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import pytest
+import redis
+
+from checker import Checker
+from redis_txmq import Settings, TransactionProducer, create_topic
+from redis_txmq.broker import RedisBroker
+from redis_txmq.connection import connect
+from redis_txmq.embedded import free_port, wait_for_ping
+from redis_txmq.keys import (
+    CHECKER_INSTANCES,
+    CHECKERS_CONSUMER_GROUP,
+    GROUP_REGISTRY,
+    PRODUCERS_CONSUMER_GROUP,
+    REPLY_STREAM,
+    TOPIC_REGISTRY,
+    GroupKeys,
+    TopicKeys,
+)
+from redis_txmq.message import Message
+
+from .helpers import wait_until
+from .test_checker import COMMIT, GROUP, KEYS, TOPIC, UNKNOWN, Answers, committed, prepare, running
+
+FAST = Settings(transaction_timeout=0, check_interval=0.2, check_max=3, heartbeat_interval=0.2, claim_idle=0.5)
+
+
+def test_a_damaged_topic_does_not_stop_check_backs_of_the_others(real_client):
+    """A topic whose keys are damaged is skipped and counted; the others are checked and their answers applied: a
+    transaction answered COMMIT is committed, not dead-lettered after check_max rounds that never applied it."""
+    other = TopicKeys("other")
+    real_client.sadd(TOPIC_REGISTRY, other.topic_stream)
+    real_client.set(other.unchecked, "not a zset")
+    listener = Answers(default=COMMIT)
+    with TransactionProducer(GROUP, listener, client=real_client, settings=FAST) as producer:
+        result = producer.send_message_in_transaction(Message(TOPIC, b"late"), arg=UNKNOWN)
+        checker = Checker(real_client, FAST, scan_interval=0.05)
+        with running(checker):
+            wait_until(lambda: committed(real_client) == {result.transaction_id: 1})
+            wait_until(lambda: checker.metrics.topic_errors.labels("other")._value.get() >= 2)
+    assert real_client.xlen(KEYS.dead_stream) == 0
+    assert real_client.hlen(KEYS.inflight) == 0
+
+
+def test_after_redis_lost_its_data_producers_and_checkers_heal(real_client):
+    """FLUSHALL (as a restart without persistence or a failover to a lagging replica leaves it): the producer
+    recreates its check-request group and re-registers its group and topics within a heartbeat, the checker
+    recreates the reply group, and a check-back works again."""
+    listener = Answers(default=COMMIT)
+    with TransactionProducer(GROUP, listener, client=real_client, settings=FAST) as producer:
+        producer.send_message_in_transaction(Message(TOPIC, b"before"), arg=COMMIT)
+        checker = Checker(real_client, FAST, scan_interval=0.05)
+        with running(checker):
+            wait_until(lambda: real_client.xinfo_groups(REPLY_STREAM))
+            real_client.flushall()
+            wait_until(lambda: real_client.sismember(TOPIC_REGISTRY, TOPIC), timeout=5)
+            wait_until(lambda: real_client.sismember(GROUP_REGISTRY, GROUP), timeout=5)
+            broker = RedisBroker(real_client, FAST)
+            prepare(broker, "after-loss", b"lost and found")
+            wait_until(lambda: committed(real_client) == {"after-loss": 1}, timeout=10)
+    groups = {g["name"] for g in real_client.xinfo_groups(GroupKeys(GROUP).check_requests)}
+    assert groups == {PRODUCERS_CONSUMER_GROUP.encode()}
+    assert {g["name"] for g in real_client.xinfo_groups(REPLY_STREAM)} == {CHECKERS_CONSUMER_GROUP.encode()}
+
+
+def test_checker_started_before_redis_waits_for_it():
+    """`txmq checker` started while Redis is down retries with backoff instead of exiting; once Redis answers,
+    it joins (its heartbeat shows) and works."""
+    port = free_port()
+    client = connect(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=0.5)
+    checker = Checker(client, FAST, scan_interval=0.05)
+    stop = threading.Event()
+    thread = threading.Thread(target=checker.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: checker.metrics.errors.labels("start")._value.get() >= 1)
+        assert thread.is_alive()
+        server = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            url = f"redis://127.0.0.1:{port}/0"
+            wait_for_ping(url)
+            direct = redis.Redis.from_url(url)
+            wait_until(lambda: direct.zcard(CHECKER_INSTANCES) == 1, timeout=40)
+            direct.close()
+        finally:
+            stop.set()
+            thread.join(10)
+            server.terminate()
+            server.wait(10)
+    finally:
+        stop.set()
+    assert not thread.is_alive()
+
+
+def test_in_flight_gauge_is_the_sum_of_the_partitions(real_client):
+    create_topic(real_client, "parted", 3)
+    broker = RedisBroker(real_client, FAST)
+    broker.load_scripts()
+    partitions = [TopicKeys("parted", p, partitioned=True) for p in range(3)]
+    for p, count in zip(range(3), (2, 3, 4), strict=True):
+        for i in range(count):
+            broker.prepare_half(partitions[p], Message("parted", b"x"), f"tx-{p}-{i}", GROUP)
+    checker = Checker(real_client, Settings(transaction_timeout=3600))
+    checker.run_round()
+    assert checker.metrics.in_flight.labels("parted")._value.get() == 9
+
+
+@pytest.mark.parametrize("stream,group", [(REPLY_STREAM, CHECKERS_CONSUMER_GROUP), ("requests", "producers")])
+def test_names_of_dead_instances_are_forgotten_once_their_work_was_taken_over(real_client, stream, group):
+    """A reader that died with an entry in hand: a live instance takes the entry over, then the dead name is
+    removed from the consumer group (it used to list every instance that ever ran)."""
+    listener = Answers(default=COMMIT)
+    if stream == "requests":
+        stream = GroupKeys(GROUP).check_requests
+    real_client.xgroup_create(stream, group, "0", mkstream=True)
+    broker = RedisBroker(real_client, FAST)
+    broker.load_scripts()
+    prepare(broker, "taken-over")
+    if stream == REPLY_STREAM:
+        real_client.xadd(
+            stream,
+            {"stream": TOPIC, "transaction_id": "taken-over", "producer_group": GROUP, "state": "COMMIT"},
+        )
+    else:
+        fields = real_client.xrange(KEYS.half_stream)[0][1]
+        real_client.xadd(
+            stream, {**fields, b"stream": TOPIC, b"half_id": real_client.hget(KEYS.inflight, "taken-over")}
+        )
+    real_client.xreadgroup(group, "dead-instance", {stream: ">"})
+
+    def names() -> set[str]:
+        return {c["name"].decode() for c in real_client.xinfo_consumers(stream, group)}
+
+    with TransactionProducer(GROUP, listener, client=real_client, settings=FAST):
+        checker = Checker(real_client, FAST, scan_interval=0.05)
+        with running(checker):
+            wait_until(lambda: committed(real_client) == {"taken-over": 1})
+            wait_until(lambda: "dead-instance" not in names())
+    assert names(), "the live instances stay"
