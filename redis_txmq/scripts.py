@@ -73,7 +73,7 @@ def preload(*scripts: Any) -> None:
     for node in client.get_primaries():
         try:
             for script in scripts:
-                client.script_load(script.script, target_nodes=node)
+                client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
             loaded += 1
         except REDIS_ERRORS as exc:
             failure = exc
