@@ -7,6 +7,7 @@
 -- ARGV[5] count            at most this many entries per call (keep <= 100: XAUTOCLAIM cost)
 -- ARGV[6] max_deliveries   an entry delivered more often than this goes to dead_stream instead
 -- Reply: {next_cursor, {entry_id, delivery_count, fields}, ...}: the claimed entries still to process.
+-- A missing stream or group fails with the NOGROUP error of XAUTOCLAIM: the caller creates the group again.
 
 local group, consumer, min_idle, cursor = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local count, max_deliveries = tonumber(ARGV[5]), tonumber(ARGV[6])

@@ -15,6 +15,7 @@ from .scripts import script_source
 logger = logging.getLogger(__name__)
 
 _ENSURE_GROUP = "ensure_group"
+_FORGET_CONSUMERS = "forget_consumers"
 CURSOR_START = "0-0"
 
 
@@ -32,17 +33,11 @@ def is_missing_group(exc: BaseException) -> bool:
 def forget_dead_consumers(client: Any, stream: str, group: str, me: str, idle_ms: int) -> list[str]:
     """Remove the consumers of ``group`` that hold no pending entry and were not seen for ``idle_ms``: instances
     that died (their pending entries were claimed by live ones). Without this the group lists every instance that
-    ever ran. A live consumer removed by mistake (idle that long with nothing pending) is recreated by its next
-    read, so this is safe. Returns the names removed."""
-    removed = []
-    for info in client.xinfo_consumers(stream, group):
-        name = text(info.get("name", info.get(b"name")))
-        pending = int(info.get("pending", info.get(b"pending", 0)) or 0)
-        idle = int(info.get("idle", info.get(b"idle", 0)) or 0)
-        if name and name != me and pending == 0 and idle >= idle_ms:
-            client.xgroup_delconsumer(stream, group, name)
-            removed.append(name)
-    return removed
+    ever ran. One script (``lua/forget_consumers.lua``): no consumer can read between the check and its removal.
+    A live consumer removed (idle that long with nothing pending) is recreated by its next read. Returns the names
+    removed."""
+    removed = client.eval(script_source(_FORGET_CONSUMERS), 1, stream, group, me, idle_ms)
+    return [text(name) or "" for name in removed]
 
 
 def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = "0") -> bool:

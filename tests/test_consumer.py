@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
+import subprocess
 import threading
 
 import pytest
+import redis
+from redis.exceptions import RedisClusterException
 
-from redis_txmq import ConfigurationError, Consumer, LocalTransactionState, Message, TransactionProducer
+from redis_txmq import (
+    ConfigurationError,
+    Consumer,
+    LocalTransactionState,
+    Message,
+    TransactionProducer,
+    TxMQConnectionError,
+)
+from redis_txmq.embedded import free_port, wait_for_ping
 from redis_txmq.keys import TopicKeys
 
 from .helpers import ScriptedListener, wait_until
@@ -14,13 +27,13 @@ from .helpers import ScriptedListener, wait_until
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 
 
-def send(client, outcomes, topic="orders"):
+def send(client, outcomes, topic="orders", first=0):
     with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
         return [
             producer.send_message_in_transaction(
                 Message(topic, f"m{i}".encode(), keys=f"k{i}", properties={"i": str(i)}), outcome
             )
-            for i, outcome in enumerate(outcomes)
+            for i, outcome in enumerate(outcomes, first)
         ]
 
 
@@ -149,3 +162,189 @@ def test_bad_consumer_settings_refused(fake_client, kwargs):
 def test_bad_group_name_refused(fake_client):
     with pytest.raises(ConfigurationError):
         Consumer("orders", "bad group", client=fake_client)
+
+
+def consumer_names(client, stream="orders", group="billing"):
+    return sorted(info["name"].decode() for info in client.xinfo_consumers(stream, group))
+
+
+def test_dead_consumer_is_forgotten_once_its_entries_were_claimed(client):
+    send(client, [COMMIT])
+    dead = consumer(client, "dead-one", min_idle_time=0.1)
+    assert [m.body for m in dead.poll()] == [b"m0"]  # ...and it dies without acking
+    live = consumer(client, "live", min_idle_time=0.1)
+    (redelivered,) = wait_until(live.poll)
+    live.ack(redelivered)
+    wait_until(lambda: live.poll() == [] and consumer_names(client) == ["live"])
+    assert client.xpending("orders", "billing")["pending"] == 0
+
+
+def blocked_readers(client):
+    return [c for c in client.client_list() if c["cmd"] == "xreadgroup" and "b" in c["flags"]]
+
+
+def test_run_survives_dropped_connections(real_client, redis_url, caplog):
+    caplog.set_level(logging.INFO, logger="redis_txmq.consumer")
+    c = Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.2)
+    handled = []
+    worker = threading.Thread(target=c.run, args=(lambda m: handled.append(m.body),))
+    worker.start()
+    try:
+        send(real_client, [COMMIT])
+        wait_until(lambda: handled == [b"m0"])
+        killed = set()
+        for _ in range(2):
+            readers = wait_until(lambda: [r for r in blocked_readers(real_client) if r["id"] not in killed])
+            for reader in readers:
+                real_client.client_kill_filter(_id=reader["id"])
+                killed.add(reader["id"])
+        send(real_client, [COMMIT, COMMIT], first=1)
+        wait_until(lambda: len(handled) == 3)
+        assert worker.is_alive()
+    finally:
+        c.close()
+        worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert handled == [b"m0", b"m1", b"m2"]
+    assert real_client.xpending("orders", "billing")["pending"] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("orders" in w and "billing" in w for w in warnings)
+
+
+def test_run_goes_on_after_redis_lost_its_data(real_client, redis_url, caplog):
+    caplog.set_level(logging.INFO, logger="redis_txmq.consumer")
+    c = Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.05, min_idle_time=0.2)
+    handled = []
+    worker = threading.Thread(target=c.run, args=(lambda m: handled.append(m.body),))
+    worker.start()
+    try:
+        send(real_client, [COMMIT])
+        wait_until(lambda: handled == [b"m0"])
+        real_client.flushall()
+        wait_until(lambda: real_client.exists("orders") and real_client.xinfo_groups("orders"))
+        send(real_client, [COMMIT, ROLLBACK, COMMIT], first=1)
+        wait_until(lambda: len(handled) == 3)
+        assert worker.is_alive()
+    finally:
+        c.close()
+        worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert handled == [b"m0", b"m1", b"m3"]
+    assert real_client.xpending("orders", "billing")["pending"] == 0
+    assert any("recreat" in r.getMessage() and "billing" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("min_idle_time", [0.001, 30.0], ids=["claim-first", "read-first"])
+def test_poll_recreates_a_lost_group(client, min_idle_time):
+    send(client, [COMMIT])
+    c = consumer(client, min_idle_time=min_idle_time)
+    (first,) = c.poll()
+    c.ack(first)
+    assert c.poll() == []  # blocks `block`: with the tiny min_idle_time a claim is due when the next poll starts
+    client.flushall()
+    assert c.poll() == []
+    assert [g["name"] for g in client.xinfo_groups("orders")] == [b"billing"]
+    client.xadd("orders", {"transaction_id": "tx-after-loss", "body": b"after"})
+    (message,) = wait_until(c.poll)
+    assert message.body == b"after" and message.transaction_id == "tx-after-loss"
+
+
+class RestartableRedis:
+    """A redis-server without persistence that a test stops and starts again on the same port (data lost)."""
+
+    def __init__(self, workdir) -> None:
+        self.binary = shutil.which("redis-server")
+        self.workdir = str(workdir)
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process = None
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(
+            [self.binary, *args, "--dir", self.workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_for_ping(self.url)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture
+def restartable_redis(tmp_path):
+    if not shutil.which("redis-server"):
+        pytest.skip("needs the redis-server binary")
+    server = RestartableRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_iteration_rides_out_a_redis_restart(restartable_redis, caplog):
+    caplog.set_level(logging.INFO, logger="redis_txmq.consumer")
+    server = restartable_redis
+    publisher = redis.Redis.from_url(server.url)
+    c = Consumer("orders", "billing", "c1", redis_url=server.url, block=0.05, min_idle_time=0.2)
+    seen = []
+
+    def consume():
+        for message in c:
+            seen.append(message)
+            c.ack(message)
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    try:
+        send(publisher, [COMMIT])
+        wait_until(lambda: len(seen) == 1)
+        server.stop()
+        wait_until(lambda: sum("retrying" in r.getMessage() for r in caplog.records) >= 2)
+        with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
+            c.ack(seen[0])
+        with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
+            c.poll(timeout=0)
+        with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
+            c.dead_letters()
+        with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
+            Consumer("orders", "billing", redis_url=server.url)
+        assert worker.is_alive()
+        server.start()
+        send(publisher, [COMMIT], first=1)
+        wait_until(lambda: len(seen) == 2)
+    finally:
+        c.close()
+        worker.join(timeout=10)
+        publisher.close()
+    assert not worker.is_alive()
+    assert [m.body for m in seen] == [b"m0", b"m1"]
+
+
+def test_redis_errors_are_wrapped(fake_client, monkeypatch):
+    send(fake_client, [COMMIT])
+    c = consumer(fake_client)
+    (message,) = drain(c, 1)
+
+    def cluster_down(*args, **kwargs):
+        raise RedisClusterException("Redis Cluster cannot be connected")
+
+    for command in ("xack", "xrange", "xgroup_destroy"):
+        monkeypatch.setattr(fake_client, command, cluster_down)
+    with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
+        c.ack(message)
+    with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
+        c.dead_letters()
+    with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
+        c.delete_group()
+    monkeypatch.setattr(fake_client, "hget", cluster_down)
+    with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
+        consumer(fake_client)
+
+
+def test_delete_group_after_data_loss_is_not_an_error(client):
+    c = consumer(client)
+    client.flushall()
+    c.delete_group()
+    assert not client.exists("orders")
