@@ -146,7 +146,7 @@ class RedisBroker:
             preload(
                 self._prepare, self._end, self._claim_checks, self._sweep_half, self._dead_resolve, self._note_requests
             )
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
 
     def registered_streams(self) -> frozenset[str]:
@@ -172,7 +172,7 @@ class RedisBroker:
         try:
             self.register_topic(keys)
             reply = self.runner.run(self._prepare, keys.script_keys(), args)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise PrepareError(
                 f"topic {message.topic!r}, transaction {transaction_id}: could not write the half message "
                 f"({exc}); the local transaction was not run, retry the send"
@@ -199,7 +199,7 @@ class RedisBroker:
         end = EndCall(keys, transaction_id, producer_group, outcome, source, remark, half_id)
         try:
             reply = self.runner.run(self._end, keys.script_keys(), self._end_args(end))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise _end_call_error(exc, keys, transaction_id) from exc
         result = _end_result(reply, keys, transaction_id)
         if result.check_request:
@@ -215,7 +215,7 @@ class RedisBroker:
         calls = [(self._end, end.keys.script_keys(), self._end_args(end)) for end in ends]
         try:
             replies = self.runner.run_many(calls)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise TxMQConnectionError(
                 f"{len(ends)} end calls failed ({exc}); the check-back will resolve those transactions"
             ) from exc
@@ -330,7 +330,7 @@ class RedisBroker:
             raise TxMQConnectionError(f"topic {keys.topic!r}{tx}: {what} failed: {exc}") from exc
 
 
-def _end_call_error(exc: redis.RedisError, keys: TopicKeys, transaction_id: str) -> TxMQError:
+def _end_call_error(exc: Exception, keys: TopicKeys, transaction_id: str) -> TxMQError:
     where = f"topic {keys.topic!r}, transaction {transaction_id}"
     if isinstance(exc, redis.ResponseError):
         return TxMQError(f"{where}: the end script failed ({exc}); the transaction is still in flight")

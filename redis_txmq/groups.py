@@ -8,6 +8,7 @@ from typing import Any
 
 import redis
 
+from .connection import REDIS_ERRORS
 from .entries import text
 from .errors import TxMQConnectionError
 from .scripts import script_source
@@ -48,7 +49,7 @@ def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = 
     same reason (no NOSCRIPT on first use); it runs once per process start."""
     try:
         return bool(int(client.eval(script_source(_ENSURE_GROUP), 1, stream, group, start_id)))
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise TxMQConnectionError(f"stream {stream!r}: could not create consumer group {group!r}: {exc}") from exc
 
 
