@@ -111,12 +111,14 @@ class Checker:
 
         Rides out outages: the start is retried with backoff until Redis answers, and a failing step (a topic
         whose keys are damaged, a cluster master that is down, the reply stream unreachable) is logged, counted in
-        ``txmq_checker_errors`` and retried, while the other steps and topics go on."""
+        ``txmq_checker_errors`` and retried, while the other steps and topics go on. While answers cannot be read,
+        no check is sent: a check whose answer cannot be applied would only count towards ``check_max``."""
         if not self._start_until_stopped(stop):
             return
         logger.info("checker %s started", self.instance_id)
         next_scan = next_beat = 0.0
         backoff = Backoff(first=0.2, cap=5.0)
+        replies_ok = True
         try:
             while not stop.is_set():
                 healthy = True
@@ -124,14 +126,15 @@ class Checker:
                 if now >= next_beat:
                     healthy &= self._guarded("heartbeat", self.heartbeat.beat) is not _FAILED
                     next_beat = now + self.settings.heartbeat_interval
-                if now >= next_scan:
+                if now >= next_scan and replies_ok:
                     stats = self._guarded("scan", self.scan)
                     healthy &= stats is not _FAILED
                     # more due than one scan claims: scan again right after applying the answers at hand
                     more_due = isinstance(stats, RoundStats) and stats.more_due
                     next_scan = now if more_due else now + self.scan_interval
                 block_ms = int(max(0.0, min(next_scan - time.monotonic(), 1.0)) * 1000)
-                healthy &= self._guarded("replies", functools.partial(self.process_replies, block_ms)) is not _FAILED
+                replies_ok = self._guarded("replies", functools.partial(self.process_replies, block_ms)) is not _FAILED
+                healthy &= replies_ok
                 if healthy:
                     backoff.reset()
                 else:

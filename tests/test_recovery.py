@@ -146,3 +146,23 @@ def test_names_of_dead_instances_are_forgotten_once_their_work_was_taken_over(re
             wait_until(lambda: committed(real_client) == {"taken-over": 1})
             wait_until(lambda: "dead-instance" not in names())
     assert names(), "the live instances stay"
+
+
+def test_no_check_is_counted_while_answers_cannot_be_read(real_client):
+    """The reply stream unreachable (damaged here; its cluster master down in production): the checker stops
+    sending checks, which would only count towards check_max, and resumes once the replies can be read again."""
+    settings = Settings(transaction_timeout=0, check_interval=0.1, check_max=2, heartbeat_interval=0.2)
+    listener = Answers(default=COMMIT)
+    with TransactionProducer(GROUP, listener, client=real_client, settings=settings) as producer:
+        checker = Checker(real_client, settings, scan_interval=0.05)
+        checker.start()
+        real_client.delete(REPLY_STREAM)
+        real_client.set(REPLY_STREAM, "damaged")
+        sent = producer.send_message_in_transaction(Message(TOPIC, b"wait for me"), arg=UNKNOWN)
+        with running(checker):
+            wait_until(lambda: checker.metrics.errors.labels("replies")._value.get() >= 5)
+            assert int(real_client.hget(KEYS.checks, sent.transaction_id) or 0) <= 1
+            assert real_client.xlen(KEYS.dead_stream) == 0
+            real_client.delete(REPLY_STREAM)
+            wait_until(lambda: committed(real_client) == {sent.transaction_id: 1})
+    assert real_client.xlen(KEYS.dead_stream) == 0
