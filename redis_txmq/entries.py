@@ -9,6 +9,7 @@ Topic stream entries (what any consumer reads; documented in the README):
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,10 +45,13 @@ def text(value: bytes | str | None) -> str | None:
     return value.decode("utf-8", "replace")
 
 
-def encode_properties(properties: dict[str, str] | None) -> str:
-    """'' for none, so that an empty dict costs nothing in the entry."""
+def encode_properties(properties: Mapping[str, str] | None) -> str:
+    """'' for none, so that an empty mapping costs nothing in the entry. Any Mapping is encoded as a JSON object
+    (``json`` itself only takes a ``dict``)."""
     if not properties:
         return ""
+    if type(properties) is not dict:
+        properties = dict(properties)
     return json.dumps(properties, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 

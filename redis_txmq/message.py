@@ -21,7 +21,8 @@ from .errors import (
 )
 
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,126}$")
-"""Topic names, also used for producer and consumer group names. No braces: they would break hash tags."""
+"""Topic names, also used for producer and consumer group names. No braces: they would break hash tags.
+Use ``fullmatch``: with ``match`` the ``$`` lets a trailing newline through."""
 
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 MAX_CHECK_IMMUNITY_SECONDS = 365 * 24 * 3600
@@ -65,7 +66,7 @@ class SendStatus(str, enum.Enum):
 
 def validate_name(name: object, what: str) -> str:
     """Check a topic or group name against :data:`TOPIC_PATTERN`."""
-    if not isinstance(name, str) or not TOPIC_PATTERN.match(name):
+    if not isinstance(name, str) or not TOPIC_PATTERN.fullmatch(name):
         error = InvalidTopicError if what == "topic" else ConfigurationError
         raise error(
             f"invalid {what} name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ . : - "
@@ -74,16 +75,31 @@ def validate_name(name: object, what: str) -> str:
     return name
 
 
+def _is_utf8(text: str) -> bool:
+    """Redis receives str as UTF-8, which a lone surrogate (``"\\ud800"``) cannot be: refuse it before any write.
+    Callers test ``str.isascii()`` first, which is instant, and call this for the rest."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass
 class Message:
-    """A message to publish. ``transaction_id`` is set by the producer before the local transaction runs,
-    so the listener can store it with its own data and answer checks by it."""
+    """A message to publish.
+
+    ``properties`` may be any ``Mapping`` of str to str (a ``dict``, ``MappingProxyType``, ``UserDict``...). A send
+    works on its own copy of the message (:meth:`copy_for_send`), whose ``properties`` is a plain ``dict``: the
+    caller's object is never changed, so one ``Message`` can be sent by many threads at once. ``transaction_id``
+    is set on that copy, which the listener receives, so it can store the id with its own data and answer checks
+    by it; the send result carries the id too."""
 
     topic: str
     body: bytes
     keys: str | list[str] | None = None
     tags: str | None = None
-    properties: dict[str, str] | None = None
+    properties: Mapping[str, str] | None = None
     delay_seconds: float | None = None
     check_immunity_seconds: float | None = None
     transaction_id: str | None = field(default=None, compare=False)
@@ -97,8 +113,27 @@ class Message:
             return self.keys.split()
         return list(self.keys)
 
+    def copy_for_send(self, transaction_id: str | None = None) -> Message:
+        """A shallow copy that one send owns, with ``transaction_id`` set: a ``properties`` Mapping becomes a new
+        ``dict`` and a keys list a new list, so nothing the send or its listener does reaches the caller's object,
+        and what is validated is what is written. Invalid values are copied as they are, for :meth:`validate`."""
+        cls = type(self)
+        copy = cls.__new__(cls)
+        state = self.__dict__.copy()
+        properties = state["properties"]
+        if type(properties) is dict or (properties is not None and isinstance(properties, Mapping)):
+            state["properties"] = dict(properties)
+        if type(state["keys"]) is list:
+            state["keys"] = state["keys"][:]
+        state["transaction_id"] = transaction_id
+        copy.__dict__ = state
+        return copy
+
     def validate(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
-        """Raise an :class:`InvalidMessageError` subclass naming what is wrong; return ``None`` if valid."""
+        """Raise an :class:`InvalidMessageError` subclass naming what is wrong; return ``None`` if valid.
+
+        Every str (keys, tags, property names and values) must encode to UTF-8, as Redis stores it: a lone
+        surrogate is refused here rather than failing half-way through a send."""
         validate_name(self.topic, "topic")
         where = f"message for topic {self.topic!r}"
         if not isinstance(self.body, (bytes, bytearray, memoryview)):
@@ -119,6 +154,8 @@ class Message:
         if self.tags is not None:
             if not isinstance(self.tags, str) or not self.tags or "||" in self.tags or self.tags.isspace():
                 raise InvalidMessageError(f"{where}: tags must be a non-empty str without '||', got {self.tags!r}")
+            if not self.tags.isascii() and not _is_utf8(self.tags):
+                raise InvalidMessageError(f"{where}: tags {self.tags!r} cannot be encoded as UTF-8 (lone surrogate?)")
         self._validate_properties(where)
         if self.check_immunity_seconds is not None:
             immunity = self.check_immunity_seconds
@@ -143,13 +180,16 @@ class Message:
                 raise InvalidMessageError(f"{where}: every key must be a non-empty str, got {key!r}")
             if not isinstance(self.keys, str) and any(c.isspace() for c in key):
                 raise InvalidMessageError(f"{where}: key {key!r} contains whitespace, which separates keys")
+            if not key.isascii() and not _is_utf8(key):
+                raise InvalidMessageError(f"{where}: key {key!r} cannot be encoded as UTF-8 (lone surrogate?)")
 
     def _validate_properties(self, where: str) -> None:
         if self.properties is None:
             return
         if not isinstance(self.properties, Mapping):
             raise InvalidPropertyError(
-                f"{where}: properties must be a dict of str to str, got {type(self.properties).__name__}"
+                f"{where}: properties must be a Mapping of str to str (e.g. a dict), "
+                f"got {type(self.properties).__name__}"
             )
         for name, value in self.properties.items():
             if not isinstance(name, str) or not name:
@@ -158,6 +198,15 @@ class Message:
                 raise InvalidPropertyError(
                     f"{where}: property {name!r} must have a str value, got {type(value).__name__} "
                     "(convert it with str() or json.dumps())"
+                )
+            if not name.isascii() and not _is_utf8(name):
+                raise InvalidPropertyError(
+                    f"{where}: property name {name!r} cannot be encoded as UTF-8 (lone surrogate?)"
+                )
+            if not value.isascii() and not _is_utf8(value):
+                raise InvalidPropertyError(
+                    f"{where}: property {name!r} has a value that cannot be encoded as UTF-8 (lone surrogate?): "
+                    f"{value!r}"
                 )
             upper = name.upper()
             if upper in DELAY_PROPERTIES:

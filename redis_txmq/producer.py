@@ -8,13 +8,18 @@ import threading
 from types import TracebackType
 from typing import Any
 
-import redis
-
 from .broker import EndCall, EndSource, RedisBroker
 from .check_handler import CheckRequestHandler
 from .config import Settings
-from .connection import instance_id, resolve_client
-from .errors import ConfigurationError, PrepareError, ProducerStateError, TxMQConnectionError, TxMQError
+from .connection import REDIS_ERRORS, instance_id, resolve_client
+from .errors import (
+    ConfigurationError,
+    InvalidMessageError,
+    PrepareError,
+    ProducerStateError,
+    TxMQConnectionError,
+    TxMQError,
+)
 from .listener import TransactionListener, local_state
 from .message import (
     LocalTransactionState,
@@ -69,7 +74,7 @@ class TransactionProducer:
         self.broker = RedisBroker(self.client, self.settings)
         self.instance_id = instance_id("producer")
         self._check_handler = CheckRequestHandler(
-            self.client, self.producer_group, listener, self.settings, self.instance_id
+            self.client, self.producer_group, listener, self.settings, self.instance_id, self.broker.registered_streams
         )
         self._router = PartitionRouter(self.client)
         self.oneway_end = oneway_end
@@ -89,7 +94,7 @@ class TransactionProducer:
                 self.broker.load_scripts()
                 try:
                     self._check_handler.start()
-                except redis.RedisError as exc:
+                except REDIS_ERRORS as exc:
                     raise TxMQConnectionError(
                         f"producer group {self.producer_group!r}: could not start serving check requests: {exc}"
                     ) from exc
@@ -139,6 +144,9 @@ class TransactionProducer:
     def send_message_in_transaction(self, message: Message, arg: Any = None) -> TransactionSendResult:
         """Prepare the half message, run the local transaction, then commit or roll back.
 
+        The send works on its own copy of ``message`` (the listener receives that copy, with ``transaction_id``
+        set); the caller's object is left unchanged, so threads may send the same ``Message`` at once.
+
         Raises :class:`InvalidMessageError` (nothing written) or :class:`PrepareError` (the local transaction
         did not run). Once the local transaction has run, the result is always returned: a failed end call is
         logged and reported in ``end_error``, and the check-back resolves the transaction.
@@ -148,24 +156,26 @@ class TransactionProducer:
                 f"producer group {self.producer_group!r}: call start() (or use `with`) before sending"
             )
         if not isinstance(message, Message):
-            raise TypeError(f"expected a redis_txmq.Message, got {type(message).__name__}")
-        message.validate(self.settings.max_message_size)
+            raise InvalidMessageError(
+                f"producer group {self.producer_group!r}: expected a redis_txmq.Message, got {type(message).__name__}"
+            )
+        transaction_id = os.urandom(16).hex()
+        sent = message.copy_for_send(transaction_id)
+        sent.validate(self.settings.max_message_size)
         try:
-            keys = self._router.keys_for(message)
-        except redis.RedisError as exc:
+            keys = self._router.keys_for(sent)
+        except REDIS_ERRORS as exc:
             raise PrepareError(
-                f"topic {message.topic!r}: could not read the topic's partitions ({exc}); nothing was written, "
+                f"topic {sent.topic!r}: could not read the topic's partitions ({exc}); nothing was written, "
                 "retry the send"
             ) from exc
-        transaction_id = os.urandom(16).hex()
-        prepared = self.broker.prepare_half(keys, message, transaction_id, self.producer_group)
+        prepared = self.broker.prepare_half(keys, sent, transaction_id, self.producer_group)
         if prepared.state != "PREPARED":
             raise PrepareError(
-                f"topic {message.topic!r}, transaction {transaction_id}: id already used ({prepared.state})"
+                f"topic {sent.topic!r}, transaction {transaction_id}: id already used ({prepared.state})"
             )
-        message.transaction_id = transaction_id
         state, remark = local_state(
-            lambda: self.listener.execute_local_transaction(message, arg), message, "local transaction"
+            lambda: self.listener.execute_local_transaction(sent, arg), sent, "local transaction"
         )
         committed_id: str | None = None
         end_error: str | None = None
@@ -182,11 +192,11 @@ class TransactionProducer:
                     ).committed_id
             except TxMQError as exc:
                 end_error = str(exc)
-                logger.warning("tx=%s topic=%s end %s failed: %s", transaction_id, message.topic, state.value, exc)
-        logger.debug("tx=%s topic=%s half=%s state=%s", transaction_id, message.topic, prepared.half_id, state.value)
+                logger.warning("tx=%s topic=%s end %s failed: %s", transaction_id, sent.topic, state.value, exc)
+        logger.debug("tx=%s topic=%s half=%s state=%s", transaction_id, sent.topic, prepared.half_id, state.value)
         return TransactionSendResult(
             transaction_id=transaction_id,
-            topic=message.topic,
+            topic=sent.topic,
             partition=keys.partition,
             half_id=prepared.half_id,
             local_transaction_state=state,

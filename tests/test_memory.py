@@ -32,7 +32,10 @@ def _holds_anything(client, key):
 
 
 def test_finished_transactions_are_forgotten_by_the_checker_once_the_window_passed(client, short_window):
-    with TransactionProducer("order_group", ScriptedListener(), client=client, settings=short_window) as producer:
+    """The producer remembers outcomes for an hour, so its own ends forget nothing however slowly the 200 sends
+    run; the checker's rounds, with the short window, then forget them all."""
+    remembering = Settings(dedupe_window=3600, transaction_timeout=3600)
+    with TransactionProducer("order_group", ScriptedListener(), client=client, settings=remembering) as producer:
         results = [
             producer.send_message_in_transaction(Message("orders", b"x"), COMMIT if i % 2 else ROLLBACK)
             for i in range(200)

@@ -7,16 +7,25 @@ import collections
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
 
-from redis_txmq import ConfigurationError, LocalTransactionState, Message, Settings, TransactionProducer
-from redis_txmq.broker import EndCall, EndSource
+from redis_txmq import (
+    ConfigurationError,
+    LocalTransactionState,
+    Message,
+    ProducerStateError,
+    Settings,
+    TransactionProducer,
+)
+from redis_txmq.broker import EndCall, EndResult, EndSource
 from redis_txmq.keys import TopicKeys
+from redis_txmq.oneway import EndFlusher
 
-from .helpers import ScriptedListener
+from .helpers import ScriptedListener, wait_until
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
 KEYS = TopicKeys("orders")
@@ -158,3 +167,149 @@ def test_a_forked_child_gets_an_error_not_a_hang(real_client):
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_shutdown_over_a_slow_network_applies_every_end_queued_before_it(real_client, redis_url):
+    """Every end queued when ``shutdown()`` begins is applied when it returns, however many batches are left."""
+    settings = Settings(end_batch_size=2, end_batch_delay=0)
+    producer = TransactionProducer(
+        "order_group", ScriptedListener(), redis_url=redis_url, settings=settings, oneway_end=True
+    ).start()
+    flusher = producer._flusher
+    shutdown_began = threading.Event()
+    real_run_many, real_close = producer.broker.runner.run_many, flusher.close
+
+    def slow_network(calls, **kwargs):
+        shutdown_began.wait(30)  # the first batch is still on its way when shutdown() is called
+        time.sleep(0.02)  # network latency: each batch takes a while
+        return real_run_many(calls, **kwargs)
+
+    def close(timeout=None):
+        shutdown_began.set()
+        return real_close(timeout)
+
+    producer.broker.runner.run_many = slow_network
+    flusher.close = close
+    results = [producer.send_message_in_transaction(Message("orders", str(i).encode()), COMMIT) for i in range(30)]
+    assert producer.pending_ends == 30, "nothing applied before shutdown: all 15 batches are left to it"
+    producer.shutdown()
+    assert committed(real_client) == {r.transaction_id: 1 for r in results}
+    assert in_flight(real_client) == set() and flusher.applied == 30 and producer.pending_ends == 0
+
+
+class WaitCountingCondition(threading.Condition):
+    """A Condition that knows which threads wait on it: proof that a call blocks, without a timed guess."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: set[str] = set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.add(threading.current_thread().name)
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting.discard(threading.current_thread().name)
+
+
+class StalledNetwork:
+    """Stands in for the broker behind an :class:`EndFlusher`: each batch waits for a permit."""
+
+    def __init__(self) -> None:
+        self.permits = threading.Semaphore(0)
+        self.applied: list[str] = []
+
+    def end_transactions(self, batch: list[EndCall]) -> list[EndResult]:
+        assert self.permits.acquire(timeout=30), "the test never let this batch through"
+        self.applied.extend(end.transaction_id for end in batch)
+        return [EndResult("COMMIT", "1-0", "2-0", True) for _ in batch]
+
+
+def an_end(i: int) -> EndCall:
+    return EndCall(KEYS, f"tx-{i}", "order_group", COMMIT, EndSource.PRODUCER)
+
+
+def stalled_flusher(**settings) -> tuple[EndFlusher, StalledNetwork]:
+    network = StalledNetwork()
+    flusher = EndFlusher(network, Settings(**settings), "order_group")  # type: ignore[arg-type]
+    flusher._cond = WaitCountingCondition()
+    flusher.start()
+    return flusher, network
+
+
+def in_thread(name: str, call) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_submit_after_close_fails_loudly():
+    flusher, network = stalled_flusher()
+    assert flusher.close(timeout=10)
+    with pytest.raises(ProducerStateError, match="tx-1: the producer is shutting down"):
+        flusher.submit(an_end(1))
+    assert flusher.pending == 0 and network.applied == []
+
+
+def test_a_send_waiting_for_room_fails_loudly_when_the_producer_closes():
+    flusher, network = stalled_flusher(end_queue_size=1, end_batch_size=1)
+    flusher.submit(an_end(1))
+    waiting, outcome = in_thread("waiting-submit", lambda: flusher.submit(an_end(2)))
+    wait_until(lambda: "waiting-submit" in flusher._cond.waiting)
+    closing, _ = in_thread("closing", flusher.close)
+    wait_until(lambda: "error" in outcome)  # before the stalled batch is let through
+    assert isinstance(outcome["error"], ProducerStateError) and "tx-2" in str(outcome["error"])
+    network.permits.release()
+    closing.join(10)
+    assert not closing.is_alive() and network.applied == ["tx-1"]
+
+
+def test_the_queue_bound_is_exact():
+    """``end_queue_size`` 3: three ends queue while the network is stalled, the fourth send waits for room."""
+    flusher, network = stalled_flusher(end_queue_size=3, end_batch_size=1)
+    first_three, outcome = in_thread("first-three", lambda: [flusher.submit(an_end(i)) for i in range(3)])
+    wait_until(lambda: not first_three.is_alive())
+    assert "error" not in outcome and flusher.pending == 3
+    fourth, fourth_outcome = in_thread("fourth-submit", lambda: flusher.submit(an_end(3)))
+    wait_until(lambda: "fourth-submit" in flusher._cond.waiting or not fourth.is_alive())
+    assert fourth.is_alive() and fourth_outcome == {}, "the fourth end must wait while three are pending"
+    network.permits.release()  # one batch of one end goes through: room for one
+    wait_until(lambda: not fourth.is_alive())
+    assert "error" not in fourth_outcome and flusher.pending == 3
+    for _ in range(3):
+        network.permits.release()
+    assert flusher.flush(timeout=10) and network.applied == [f"tx-{i}" for i in range(4)]
+    assert flusher.close(timeout=10)
+
+
+def test_the_first_queued_end_wakes_the_flusher(client):
+    with TransactionProducer("order_group", ScriptedListener(), client=client, oneway_end=True) as producer:
+        result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
+        wait_until(lambda: committed(client) == {result.transaction_id: 1})  # no flush(): the flusher woke by itself
+
+
+def test_a_full_batch_is_sent_without_waiting_for_the_batch_delay(client):
+    settings = Settings(end_batch_size=3, end_batch_delay=10)
+    with TransactionProducer(
+        "order_group", ScriptedListener(), client=client, settings=settings, oneway_end=True
+    ) as producer:
+        results = [producer.send_message_in_transaction(Message("orders", b"x"), COMMIT) for _ in range(3)]
+        wait_until(lambda: committed(client) == {r.transaction_id: 1 for r in results}, timeout=5)
+
+
+def test_flush_cuts_the_batch_delay(client):
+    settings = Settings(end_batch_size=10_000, end_batch_delay=10)
+    with TransactionProducer(
+        "order_group", ScriptedListener(), client=client, settings=settings, oneway_end=True
+    ) as producer:
+        results = [producer.send_message_in_transaction(Message("orders", b"x"), COMMIT) for _ in range(5)]
+        assert producer.flush(timeout=5), "flush() must not wait out the 10 s batch delay"
+        assert committed(client) == {r.transaction_id: 1 for r in results}

@@ -10,6 +10,7 @@ import redis
 from redis_txmq import (
     ConfigurationError,
     CorruptEntryError,
+    InvalidPropertyError,
     LocalTransactionState,
     Message,
     PrepareError,
@@ -301,3 +302,96 @@ def test_redis_url_wins_over_settings(real_client, redis_url, listener):
         assert producer.settings.redis_url == redis_url and producer.settings.dedupe_window == 120
         assert producer.send_message_in_transaction(Message("orders", b"x"), COMMIT).committed_id
     assert real_client.xlen("orders") == 1
+
+
+def test_the_callers_message_is_left_unchanged(client, producer, listener):
+    properties = {"source": "web"}
+    keys = ["order-1", "customer-2"]
+    message = Message("orders", b"x", keys=keys, tags="created", properties=properties)
+    before = dict(vars(message))
+
+    def meddle(seen: Message) -> LocalTransactionState:
+        seen.properties["added-by-listener"] = "yes"
+        seen.keys.append("extra")
+        seen.tags = "changed"
+        return COMMIT
+
+    result = producer.send_message_in_transaction(message, meddle)
+    assert message.transaction_id is None, "the id is in the result and in the listener's message, not the caller's"
+    assert vars(message) == before and message.properties is properties and message.keys is keys
+    assert properties == {"source": "web"} and keys == ["order-1", "customer-2"]
+    (seen,) = listener.executed
+    assert seen is not message and seen.transaction_id == result.transaction_id
+    ((_, fields),) = topic_entries(client)
+    assert fields[b"tags"] == b"created" and fields[b"properties"] == b'{"source":"web"}', "written before the listener"
+
+
+def test_threads_sending_one_message_each_see_their_own_transaction_id(client, listener):
+    """The producer used to set ``transaction_id`` on the caller's object: two threads sending it saw each other's
+    ids, and a listener stored the wrong one, so the check-back answered for another transaction."""
+    import threading
+
+    message = Message("orders", b"shared")
+    both_prepared = threading.Barrier(2, timeout=10)
+    stored: dict[str, str] = {}  # thread name -> the transaction id its listener saw
+
+    def execute(seen: Message) -> LocalTransactionState:
+        both_prepared.wait()  # both half messages written before either listener reads its id
+        stored[threading.current_thread().name] = seen.transaction_id
+        return UNKNOWN
+
+    with TransactionProducer("order_group", listener, client=client) as producer:
+
+        def send(_):
+            result = producer.send_message_in_transaction(message, execute)
+            return threading.current_thread().name, result.transaction_id
+
+        with ThreadPoolExecutor(2) as pool:
+            sent = dict(pool.map(send, range(2)))
+    assert len(set(sent.values())) == 2
+    assert stored == sent, "each listener saw the id of its own transaction"
+    assert message.transaction_id is None
+    assert set(in_flight(client)) == set(sent.values())
+
+
+@pytest.mark.parametrize("kind", ["mappingproxy", "userdict", "mapping"])
+def test_any_mapping_of_properties_is_accepted_whole(client, producer, listener, kind):
+    import collections
+    import types
+    from collections.abc import Mapping
+
+    class Frozen(Mapping):
+        def __init__(self, data):
+            self._data = dict(data)
+
+        def __getitem__(self, key):
+            return self._data[key]
+
+        def __iter__(self):
+            return iter(self._data)
+
+        def __len__(self):
+            return len(self._data)
+
+    data = {"source": "web", "région": "île-de-france"}
+    properties = {
+        "mappingproxy": types.MappingProxyType(data),
+        "userdict": collections.UserDict(data),
+        "mapping": Frozen(data),
+    }[kind]
+    result = producer.send_message_in_transaction(Message("orders", b"x", properties=properties), COMMIT)
+    assert result.committed_id
+    ((_, fields),) = topic_entries(client)
+    assert fields[b"properties"].decode() == '{"région":"île-de-france","source":"web"}'
+    (seen,) = listener.executed
+    assert type(seen.properties) is dict and seen.properties == data
+
+
+def test_a_mapping_with_a_value_that_is_not_str_is_refused(client, producer):
+    import types
+
+    with pytest.raises(InvalidPropertyError, match="'n' must have a str value"):
+        producer.send_message_in_transaction(
+            Message("orders", b"x", properties=types.MappingProxyType({"n": 1})), COMMIT
+        )
+    assert client.keys("orders*") == [] and not client.exists(TOPIC_REGISTRY)

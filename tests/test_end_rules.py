@@ -1,0 +1,135 @@
+"""The rules of the end script that the producer alone cannot reach: an ended transaction answered to another
+group, UNKNOWN after an outcome, dead-lettered transactions prepared or ended again, and the op stream's cap.
+On a real Redis: these are the scripts' rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from checker import Checker
+from redis_txmq import (
+    LocalTransactionState,
+    Message,
+    ProducerGroupMismatchError,
+    Settings,
+    TransactionDeadLetteredError,
+    TransactionProducer,
+)
+from redis_txmq.broker import EndSource, RedisBroker
+from redis_txmq.keys import TopicKeys
+
+from .helpers import ScriptedListener, wait_until
+
+COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
+KEYS = TopicKeys("orders")
+GROUP = "order_group"
+
+
+def everything(client) -> dict[bytes, tuple[bytes, bytes]]:
+    """Every key with its type and serialized value: equal before and after means nothing was written."""
+    return {key: (client.type(key), client.dump(key)) for key in client.keys("*")}
+
+
+@pytest.fixture
+def broker(real_client):
+    broker = RedisBroker(real_client, Settings())
+    broker.load_scripts()
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def sent(real_client):
+    """Send one message per outcome; returns ``{outcome: result}``."""
+    with TransactionProducer(GROUP, ScriptedListener(), client=real_client) as producer:
+        results = {
+            state: producer.send_message_in_transaction(Message("orders", b"x"), state) for state in (COMMIT, ROLLBACK)
+        }
+    return results
+
+
+@pytest.mark.parametrize("first", [COMMIT, ROLLBACK])
+@pytest.mark.parametrize("again", [COMMIT, ROLLBACK, UNKNOWN])
+def test_an_ended_transaction_is_refused_to_another_producer_group(real_client, broker, sent, first, again):
+    """Whatever the outcome asked: the group check comes before the duplicate and conflict answers."""
+    transaction_id = sent[first].transaction_id
+    before = everything(real_client)
+    with pytest.raises(ProducerGroupMismatchError, match=f"{transaction_id}.*producer group {GROUP}") as raised:
+        broker.end_transaction(KEYS, transaction_id, "other_group", again, source=EndSource.PRODUCER)
+    assert (raised.value.topic, raised.value.transaction_id) == ("orders", transaction_id)
+    assert everything(real_client) == before
+
+
+@pytest.mark.parametrize("first", [COMMIT, ROLLBACK])
+@pytest.mark.parametrize("source", [EndSource.PRODUCER, EndSource.CHECKER])
+def test_unknown_after_an_outcome_is_a_duplicate_not_a_conflict(real_client, broker, sent, first, source):
+    """A late UNKNOWN (a check answered after the producer's own end) returns the first result and writes nothing,
+    not even its remark."""
+    result = sent[first]
+    before = everything(real_client)
+    late = broker.end_transaction(
+        KEYS, result.transaction_id, GROUP, UNKNOWN, source=source, remark="the database did not answer"
+    )
+    assert (late.state, late.half_id, late.committed_id, late.applied) == (
+        first.value,
+        result.half_id,
+        result.committed_id,
+        False,
+    )
+    assert everything(real_client) == before
+
+
+@pytest.fixture
+def dead_lettered(real_client, broker):
+    """A transaction the checker gave up on: one check (nobody answers it), then check_max is reached."""
+    message = Message("orders", b"given up", keys="order-9", properties={"source": "web"})
+    prepared = broker.prepare_half(KEYS, message, "tx-dead", GROUP)
+    checker = Checker(real_client, Settings(transaction_timeout=0, check_interval=0.05, check_max=1))
+
+    def given_up() -> bool:
+        checker.run_round()
+        return bool(real_client.hexists(KEYS.dead_index, "tx-dead"))
+
+    wait_until(given_up)
+    assert not real_client.hexists(KEYS.inflight, "tx-dead") and real_client.xlen(KEYS.half_stream) == 0
+    return message, prepared
+
+
+def test_a_retried_prepare_of_a_dead_lettered_transaction_writes_nothing(real_client, dead_lettered):
+    """redis-py may retry a prepare whose reply was lost after the checker buried the transaction: the retry must
+    not bring it back as a new half message. A fresh broker also registers the topic again (already there)."""
+    message, _ = dead_lettered
+    retrying = RedisBroker(real_client, Settings())
+    before = everything(real_client)
+    try:
+        retried = retrying.prepare_half(KEYS, message, "tx-dead", GROUP)
+    finally:
+        retrying.close()
+    assert (retried.state, retried.duplicate) == ("DEAD", True)
+    assert everything(real_client) == before
+
+
+@pytest.mark.parametrize("outcome", [COMMIT, ROLLBACK, UNKNOWN])
+def test_ending_a_dead_lettered_transaction_raises_the_dead_letter_error(real_client, broker, dead_lettered, outcome):
+    before = everything(real_client)
+    with pytest.raises(TransactionDeadLetteredError, match="tx-dead.*dead-letter.*txmq dead") as raised:
+        broker.end_transaction(KEYS, "tx-dead", GROUP, outcome, source=EndSource.PRODUCER)
+    assert (raised.value.topic, raised.value.transaction_id) == ("orders", "tx-dead")
+    assert everything(real_client) == before
+    assert real_client.xlen("orders") == 0
+
+
+def test_the_op_stream_keeps_its_cap(real_client):
+    """``XADD MAXLEN ~`` trims whole nodes of ``stream-node-max-entries``: the op stream holds at most the cap plus
+    one node, however many transactions end (three nodes' worth here)."""
+    node = int(real_client.config_get("stream-node-max-entries")["stream-node-max-entries"])
+    settings = Settings(op_stream_maxlen=10)
+    with TransactionProducer(GROUP, ScriptedListener(), client=real_client, settings=settings) as producer:
+        results = [
+            producer.send_message_in_transaction(Message("orders", b"x"), COMMIT if i % 2 else ROLLBACK)
+            for i in range(3 * node + 10)
+        ]
+        assert real_client.xlen(KEYS.op_stream) <= 10 + node
+    newest = real_client.xrevrange(KEYS.op_stream, count=1)[0][1]
+    assert newest[b"transaction_id"].decode() == results[-1].transaction_id
+    assert real_client.xlen("orders") == len(results) // 2
