@@ -7,14 +7,15 @@
 Batch by default: the per-minute summary goes to ``--output``. With ``--stream`` it runs as Structured Streaming
 with Trigger.AvailableNow and appends the parsed orders to the Parquet table at ``--output``: a second run with the
 same checkpoint adds only what was committed since, each order once; the summary is then computed from that table.
-Run ``txmq demo --redis-url ...`` first for some data.
+Run ``txmq demo --redis-url ...`` first for some data. ``spark_connector.register`` runs a local session's Python
+workers on this interpreter; on a cluster, point ``PYSPARK_PYTHON`` (or ``spark.pyspark.python``) at an interpreter
+of the executors that has ``redis-txmq[spark]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -48,7 +49,6 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true", help="Structured Streaming, Trigger.AvailableNow")
     parser.add_argument("--checkpoint", help="checkpoint folder (with --stream)")
     options = parser.parse_args()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     spark = SparkSession.builder.appName("order-events-per-minute").getOrCreate()
     spark_connector.register(spark)

@@ -2,11 +2,15 @@
 
 A message goes to the partition of a stable hash of its first key, so one key keeps its order; a message without
 keys goes round robin. Create a partitioned topic before anything is sent to it.
+
+Creating a topic also registers its streams in ``txmq:topics``, so that ``txmq status``, the checker and the Spark
+source know it (as an empty topic) before its first message.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import zlib
 from typing import Any
@@ -15,13 +19,18 @@ import redis
 
 from . import entries
 from .errors import ConfigurationError, TxMQConnectionError
-from .keys import TopicKeys, topic_meta_key, topic_stream_key
+from .keys import TOPIC_REGISTRY, TopicKeys, topic_meta_key, topic_stream_key
 from .message import Message, validate_name
 from .scripts import script_source
 
+logger = logging.getLogger(__name__)
+
 
 def create_topic(client: Any, topic: str, partitions: int) -> int:
-    """Fix ``topic``'s partition count (idempotent for the same count); returns it."""
+    """Fix ``topic``'s partition count and register its streams (idempotent for the same count); returns it.
+
+    The registry is a separate call: its key lives in another hash slot than the topic's metadata (Redis Cluster).
+    If it fails, the topic exists but is not listed yet; calling again registers it."""
     validate_name(topic, "topic")
     try:
         reply = client.eval(
@@ -34,7 +43,17 @@ def create_topic(client: Any, topic: str, partitions: int) -> int:
         raise ConfigurationError(
             f"topic {topic!r}: cannot create with {partitions} partitions: {entries.text(reply[2])}"
         )
-    return int(reply[1])
+    count = int(reply[1])
+    streams = [keys.topic_stream for keys in partition_keys_of(topic, count)]
+    try:
+        client.sadd(TOPIC_REGISTRY, *streams)
+    except redis.RedisError as exc:
+        raise TxMQConnectionError(
+            f"topic {topic!r}: created with {count} partition(s) but its streams could not be registered in "
+            f"{TOPIC_REGISTRY} ({exc}); call create_topic again with the same count to register them"
+        ) from exc
+    logger.debug("topic %r: %d partition(s), streams registered: %s", topic, count, ", ".join(streams))
+    return count
 
 
 def partition_count(client: Any, topic: str) -> int:
@@ -45,7 +64,11 @@ def partition_count(client: Any, topic: str) -> int:
 
 def partition_keys(client: Any, topic: str) -> list[TopicKeys]:
     """The keys of every partition of ``topic``."""
-    count = partition_count(client, topic)
+    return partition_keys_of(topic, partition_count(client, topic))
+
+
+def partition_keys_of(topic: str, count: int) -> list[TopicKeys]:
+    """The keys of the partitions of a topic of ``count`` partitions."""
     if count == 1:
         return [TopicKeys(topic)]
     return [TopicKeys(topic, p, partitioned=True) for p in range(count)]

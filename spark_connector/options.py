@@ -28,7 +28,7 @@ KNOWN_OPTIONS = {
     "maxentriespertrigger": "streaming: at most this many entries per micro-batch",
     "readbatchsize": "entries per XRANGE call, default 1000",
     "minpartitions": "batch: at least this many Spark partitions (ranges of entry ids), default 1",
-    "failondataloss": "true (default): fail when entries were trimmed before they were read; false: warn",
+    "failondataloss": "true (default): fail when unread entries were trimmed or deleted (XDEL); false: warn",
 }
 
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import redis
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from redis_txmq import entries
+from redis_txmq.keys import TOPIC_REGISTRY, topic_meta_key
 from redis_txmq.scripts import script_source
 from redis_txmq.topics import partition_keys
 
@@ -86,25 +88,45 @@ class RedisTxmqDataSource(DataSource):
 
 
 def topic_partitions(client: Any, options: ConnectorOptions) -> list[TopicPartition]:
-    """Every partition of every topic; a topic without a stream is an error naming it."""
+    """Every partition of every topic, also those without a stream yet (read as empty).
+
+    A topic is known when one of its streams exists, it was created (``create_topic``) or it is registered (a
+    producer sent to it, or it was created): then it is read, possibly empty. Otherwise it is an error naming it."""
     parts: list[TopicPartition] = []
     for topic in options.topics:
         partitions = partition_keys(client, topic)
-        if not any(client.exists(keys.topic_stream) for keys in partitions):
+        streams = [keys.topic_stream for keys in partitions]
+        if not any(client.exists(stream) for stream in streams) and not _topic_known(client, topic, streams):
             raise SparkSourceError(
-                f"topic {topic!r} not found: no stream {partitions[0].topic_stream!r} at {options.safe_url}"
+                f"topic {topic!r} not found at {options.safe_url}: no stream {streams[0]!r}, and the topic was "
+                "neither created (txmq topic create) nor sent to; check the name and the redis.url / redis.cluster "
+                "options"
             )
-        parts.extend(
-            TopicPartition(topic, keys.partition, keys.topic_stream)
-            for keys in partitions
-            if client.exists(keys.topic_stream)
-        )
+        parts.extend(TopicPartition(topic, keys.partition, keys.topic_stream) for keys in partitions)
     return parts
 
 
+def _topic_known(client: Any, topic: str, streams: list[str]) -> bool:
+    """Created with a partition count, or registered by ``create_topic`` / a producer: an empty topic."""
+    if client.exists(topic_meta_key(topic)):
+        return True
+    return any(client.smismember(TOPIC_REGISTRY, streams))
+
+
 def last_id(client: Any, stream: str) -> str:
-    """The id of the newest entry ever added (``0-0`` for an empty stream)."""
-    return entries.text(client.xinfo_stream(stream)["last-generated-id"]) or START_ID
+    """The id of the newest entry ever added (``0-0`` for an empty stream or one not written yet)."""
+    info = _stream_info(client, stream)
+    return START_ID if info is None else entries.text(info["last-generated-id"]) or START_ID
+
+
+def _stream_info(client: Any, stream: str) -> dict[str, Any] | None:
+    """``XINFO STREAM``, or None when the stream does not exist."""
+    try:
+        return client.xinfo_stream(stream)
+    except redis.ResponseError as exc:
+        if "no such key" in str(exc).lower():
+            return None
+        raise
 
 
 def _given(offsets: Any, part: TopicPartition) -> str | None:
@@ -167,7 +189,7 @@ def read_range(options: ConnectorOptions, partition: StreamRange | None) -> Iter
     try:
         part = partition.part
         if partition.first and partition.start != START_ID:
-            _check_data_loss(client, options, part, partition.start)
+            _check_data_loss(client, options, part, partition.start, partition.end)
         cursor = partition.start
         while True:
             batch = client.xrange(part.stream, f"({cursor}", partition.end, count=options.read_batch_size)
@@ -180,22 +202,28 @@ def read_range(options: ConnectorOptions, partition: StreamRange | None) -> Iter
         client.close()
 
 
-def _check_data_loss(client: Any, options: ConnectorOptions, part: TopicPartition, start: str) -> None:
-    """Fail (or warn) when entries after ``start`` may have been removed before this read.
+def _check_data_loss(client: Any, options: ConnectorOptions, part: TopicPartition, start: str, end: str) -> None:
+    """Fail (or warn, per ``failOnDataLoss``) when entries after ``start`` were removed before this read.
 
-    XDEL is exact (``max-deleted-entry-id``). Trimming only removes the oldest entries, so it is seen when the
-    stream lost entries and no longer holds ``start`` itself while its first entry is later: the entries between
-    may be gone (Kafka's "offset out of range"; a reader trimmed exactly at its position is reported too)."""
-    info = client.xinfo_stream(part.stream)
+    XDEL is exact: Redis keeps the largest deleted id (``max-deleted-entry-id``), so any entry deleted after
+    ``start`` is seen, even one past ``end`` (the read would lose it next). Trimming only removes the oldest
+    entries, so it is seen when the stream lost entries and no longer holds ``start`` itself while its first entry
+    is later, or it is empty while its last id is later: the entries between may be gone (Kafka's "offset out of
+    range"; a reader whose own position was removed after it read it is reported too). A stream deleted since the
+    range was planned lost the whole range."""
+    info = _stream_info(client, part.stream)
     position = parse_entry_id(start)
-    deleted = entries.text(info.get("max-deleted-entry-id")) or START_ID
-    lost_to = deleted if parse_entry_id(deleted) > position else None
-    first = info.get("first-entry")
-    first_id = entries.text(first[0]) if first else None
-    removed = int(info.get("entries-added", 0)) > int(info.get("length", 0))
-    if lost_to is None and removed and first_id and parse_entry_id(first_id) > position:
-        if not client.xrange(part.stream, start, start):
-            lost_to = first_id
+    if info is None:
+        lost_to: str | None = end
+    else:
+        deleted = entries.text(info.get("max-deleted-entry-id")) or START_ID
+        lost_to = deleted if parse_entry_id(deleted) > position else None
+        removed = int(info.get("entries-added", 0)) > int(info.get("length", 0))
+        first = info.get("first-entry")
+        oldest = entries.text(first[0]) if first else entries.text(info.get("last-generated-id")) or START_ID
+        if lost_to is None and removed and parse_entry_id(oldest) > position:
+            if not first or not client.xrange(part.stream, start, start):
+                lost_to = oldest
     if lost_to is None:
         return
     message = (

@@ -49,6 +49,18 @@ def test_create_topic_is_idempotent_and_refuses_changes(client):
     assert partition_count(client, "refunds") == 1
 
 
+def test_created_topic_is_registered_before_its_first_message(client):
+    """status, the checker and the Spark source walk the registry: a new topic is there, empty, before any send."""
+    assert create_topic(client, "orders", 3) == 3
+    assert create_topic(client, "refunds", 1) == 1
+    assert create_topic(client, "orders", 3) == 3, "idempotent, also for the registry"
+    report = status(client, live_seconds=15)
+    assert sorted(t["stream"] for t in report["topics"]) == ["orders#0", "orders#1", "orders#2", "refunds"]
+    assert all(t["committed"] == 0 and t["in_flight"] == 0 for t in report["topics"])
+    assert Checker(client, Settings(transaction_timeout=0)).run_round() is not None
+    assert not any(client.exists(f"orders#{p}") for p in range(3)), "registering writes no stream"
+
+
 def test_keys_keep_their_partition_and_keyless_messages_spread(real_client):
     create_topic(real_client, "orders", 4)
     with TransactionProducer("g", Commit(), client=real_client) as producer:

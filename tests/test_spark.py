@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -12,10 +15,17 @@ if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # CI sets it: there, a missing pys
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
 
-from redis_txmq import LocalTransactionState, Message, TransactionListener, TransactionProducer  # noqa: E402
-from spark_connector.offsets import START_ID, parse_entry_id  # noqa: E402
+from redis_txmq import (  # noqa: E402
+    LocalTransactionState,
+    Message,
+    TransactionListener,
+    TransactionProducer,
+    create_topic,
+)
+from redis_txmq.admin import status  # noqa: E402
+from spark_connector.offsets import START_ID, earlier, later, parse_entry_id  # noqa: E402
 from spark_connector.options import SparkSourceError, parse_options  # noqa: E402
-from spark_connector.source import StreamReader, TopicPartition, split_range  # noqa: E402
+from spark_connector.source import BatchReader, StreamReader, TopicPartition, split_range  # noqa: E402
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 COLUMNS = ["topic", "partition", "id", "timestamp", "transaction_id", "keys", "tags", "body", "properties"]
@@ -294,3 +304,275 @@ def test_streaming_reads_every_partition_once(spark, real_client, redis_url, tmp
     rows = spark.read.parquet(out).collect()
     assert sorted(bytes(r.body) for r in rows) == sorted([f"p{i}".encode() for i in range(9)] + [b"late"])
     assert {r.partition for r in rows} == {0, 1, 2}
+
+
+def batch_rows(redis_url, topics, **options):
+    """Plan a batch read and read every range here, as Spark's executors would (data loss checks included)."""
+    reader = BatchReader(parse_options({"redis.url": redis_url, "topics": topics, **options}, streaming=False))
+    return [row for part in reader.partitions() for row in rows(reader.read(part))]
+
+
+def test_created_topic_without_messages_is_empty_not_missing(spark, real_client, redis_url):
+    create_topic(real_client, "fresh", 3)
+    create_topic(real_client, "single", 1)
+    assert read(spark, redis_url, "fresh,single").count() == 0
+    report = status(real_client, 15)
+    assert sorted(t["stream"] for t in report["topics"]) == ["fresh#0", "fresh#1", "fresh#2", "single"]
+    assert all(t["committed"] == 0 for t in report["topics"])
+    reader = StreamReader(parse_options({"redis.url": redis_url, "topics": "fresh"}, streaming=True))
+    start = reader.initialOffset()
+    assert start == {"fresh": {"0": START_ID, "1": START_ID, "2": START_ID}}
+    assert reader.partitions(start, reader.latestOffset(start, ReadAllAvailable())) == []
+    send(real_client, "fresh", [b"f0", b"f1", b"f2", b"f3"])
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert sorted(row["body"] for r in reader.partitions(start, end) for row in rows(reader.read(r))) == [
+        b"f0",
+        b"f1",
+        b"f2",
+        b"f3",
+    ]
+    reader.stop()
+    assert sorted(bytes(r.body) for r in read(spark, redis_url, "fresh").collect()) == [b"f0", b"f1", b"f2", b"f3"]
+
+
+def test_created_topic_is_empty_not_missing_on_a_cluster(cluster_url):
+    """The registry and the topic's metadata are in different hash slots: create_topic must reach both."""
+    from redis.cluster import RedisCluster
+
+    cluster = RedisCluster.from_url(cluster_url)
+    try:
+        cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
+        create_topic(cluster, "fresh", 4)
+        assert sorted(t["stream"] for t in status(cluster, 15)["topics"]) == [f"fresh#{p}" for p in range(4)]
+        assert batch_rows(cluster_url, "fresh", **{"redis.cluster": "true"}) == []
+    finally:
+        cluster.close()
+
+
+def test_topic_sent_to_with_rollbacks_only_is_empty(real_client, redis_url):
+    send(real_client, "refused", [b"r"], ROLLBACK)
+    assert not real_client.exists("refused")
+    assert batch_rows(redis_url, "refused") == []
+    with pytest.raises(SparkSourceError, match="topic 'never-made' not found"):
+        batch_rows(redis_url, "never-made")
+
+
+SAME_MS = 1700000000000
+
+
+def add_numbered(client, stream, seqs, ms=SAME_MS):
+    """Plain entries ``<ms>-<seq>`` whose body is the seq: ids whose text order differs from their order."""
+    pipe = client.pipeline()
+    for seq in seqs:
+        pipe.xadd(stream, {"transaction_id": f"t{seq}", "body": str(seq)}, id=f"{ms}-{seq}")
+    pipe.execute()
+
+
+def test_offset_helpers_compare_entry_ids_as_numbers():
+    assert parse_entry_id(f"{SAME_MS}-9") < parse_entry_id(f"{SAME_MS}-10")
+    assert earlier(f"{SAME_MS}-9", f"{SAME_MS}-10") == f"{SAME_MS}-9"
+    assert later(f"{SAME_MS}-9", f"{SAME_MS}-10") == f"{SAME_MS}-10"
+    assert earlier("999-0", "1000-0") == "999-0"
+
+
+def test_batch_offsets_compare_entry_ids_as_numbers(spark, real_client, redis_url):
+    add_numbered(real_client, "numeric", range(1, 13))
+    after_9 = json.dumps({"numeric": {"0": f"{SAME_MS}-9"}})
+    bodies = sorted(int(bytes(r.body)) for r in read(spark, redis_url, "numeric", startingOffsets=after_9).collect())
+    assert bodies == [10, 11, 12]
+    upto_9 = sorted(int(r["body"]) for r in batch_rows(redis_url, "numeric", endingOffsets=after_9))
+    assert upto_9 == list(range(1, 10))
+
+
+def test_streaming_offsets_compare_entry_ids_as_numbers(real_client, redis_url):
+    add_numbered(real_client, "numeric", range(1, 10))
+    reader = StreamReader(
+        parse_options(
+            {"redis.url": redis_url, "topics": "numeric", "startingOffsets": json.dumps({"numeric": {"0": "0-0"}})},
+            streaming=True,
+        )
+    )
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"numeric": {"0": f"{SAME_MS}-9"}}
+    assert sorted(int(row["body"]) for r in reader.partitions(start, end) for row in rows(reader.read(r))) == list(
+        range(1, 10)
+    )
+    add_numbered(real_client, "numeric", range(10, 13))
+    later_end = reader.latestOffset(end, ReadAllAvailable())
+    assert later_end == {"numeric": {"0": f"{SAME_MS}-12"}}, "-12 is after -9"
+    assert sorted(int(row["body"]) for r in reader.partitions(end, later_end) for row in rows(reader.read(r))) == [
+        10,
+        11,
+        12,
+    ]
+    reader.stop()
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_xdel_after_the_position_fails_or_warns_like_trimming(spark, real_client, redis_url, fail):
+    results = send(real_client, "deleted", [b"d0", b"d1", b"d2", b"d3"])
+    real_client.xdel("deleted", results[1].committed_id)  # d0, the read position, is still there
+    df = read(
+        spark,
+        redis_url,
+        "deleted",
+        startingOffsets=json.dumps({"deleted": {"0": results[0].committed_id}}),
+        failOnDataLoss=str(fail).lower(),
+    )
+    if fail:
+        with pytest.raises(
+            Exception, match=f"trimmed or deleted before they were read \\(up to {results[1].committed_id}"
+        ):
+            df.collect()
+    else:
+        assert sorted(bytes(r.body) for r in df.collect()) == [b"d2", b"d3"]
+
+
+@pytest.mark.parametrize(
+    ("deleted", "start", "lost_to", "left"),
+    [
+        ([10], 9, 10, [11, 12]),  # ids compared as numbers: "-10" sorts before "-9" as text
+        ([9, 10, 11], 8, 11, [12]),  # an XDEL'ed range right after the position
+        ([12], 9, 12, [10, 11]),  # the newest entry
+        ([10, 11, 12], 9, 12, []),  # everything after the position: nothing left to read
+    ],
+)
+def test_xdel_is_detected_in_batch_and_streaming(real_client, redis_url, caplog, deleted, start, lost_to, left):
+    add_numbered(real_client, "deleted", range(1, 13))
+    real_client.xdel("deleted", *[f"{SAME_MS}-{seq}" for seq in deleted])
+    position = json.dumps({"deleted": {"0": f"{SAME_MS}-{start}"}})
+    message = (
+        f"entries after {SAME_MS}-{start} were trimmed or deleted before they were read \\(up to {SAME_MS}-{lost_to}\\)"
+    )
+    with pytest.raises(SparkSourceError, match=message):
+        batch_rows(redis_url, "deleted", startingOffsets=position)
+    caplog.set_level(logging.WARNING, logger="spark_connector.source")
+    assert [
+        int(r["body"]) for r in batch_rows(redis_url, "deleted", startingOffsets=position, failOnDataLoss="false")
+    ] == left
+    assert any(
+        "failOnDataLoss=false" in r.getMessage() and f"up to {SAME_MS}-{lost_to}" in r.getMessage()
+        for r in caplog.records
+    )
+    reader = StreamReader(
+        parse_options({"redis.url": redis_url, "topics": "deleted", "startingOffsets": position}, streaming=True)
+    )
+    start_offset = reader.initialOffset()
+    (batch,) = reader.partitions(start_offset, reader.latestOffset(start_offset, ReadAllAvailable()))
+    with pytest.raises(SparkSourceError, match=message):
+        rows(reader.read(batch))
+    reader.stop()
+
+
+def test_xdel_before_the_position_is_not_data_loss(real_client, redis_url):
+    add_numbered(real_client, "deleted", range(1, 13))
+    real_client.xdel("deleted", f"{SAME_MS}-3", f"{SAME_MS}-9")  # read already, then deleted (a consumer's cleanup)
+    position = json.dumps({"deleted": {"0": f"{SAME_MS}-9"}})
+    assert [int(r["body"]) for r in batch_rows(redis_url, "deleted", startingOffsets=position)] == [10, 11, 12]
+    assert len(batch_rows(redis_url, "deleted")) == 10, "earliest reads what is there"
+
+
+def test_trimming_everything_after_the_position_is_data_loss(real_client, redis_url):
+    add_numbered(real_client, "trimmed", range(1, 6))
+    real_client.xtrim("trimmed", maxlen=0, approximate=False)
+    position = json.dumps({"trimmed": {"0": f"{SAME_MS}-2"}})
+    with pytest.raises(SparkSourceError, match=f"up to {SAME_MS}-5"):
+        batch_rows(redis_url, "trimmed", startingOffsets=position)
+    assert batch_rows(redis_url, "trimmed") == []
+
+
+def test_stream_deleted_after_planning_is_data_loss(real_client, redis_url):
+    add_numbered(real_client, "dropped", range(1, 6))
+    reader = BatchReader(
+        parse_options(
+            {
+                "redis.url": redis_url,
+                "topics": "dropped",
+                "startingOffsets": json.dumps({"dropped": {"0": f"{SAME_MS}-1"}}),
+            },
+            streaming=False,
+        )
+    )
+    (planned,) = reader.partitions()
+    real_client.delete("dropped")
+    with pytest.raises(SparkSourceError, match=f"up to {SAME_MS}-5"):
+        rows(reader.read(planned))
+
+
+class FakeContext:
+    def __init__(self, master, conf=None, python_exec="python3"):
+        self.master, self.pythonExec, self._conf = master, python_exec, conf or {}
+
+    def getConf(self):
+        return self._conf
+
+
+class FakeSession:
+    def __init__(self, context):
+        self.sparkContext = context
+
+
+@pytest.mark.parametrize(
+    ("env", "master", "conf", "python_exec", "expected"),
+    [
+        ({}, "local[2]", {}, "python3", sys.executable),
+        ({}, "local-cluster[2,1,1024]", {}, "python3", sys.executable),
+        ({}, "local[*]", {"spark.pyspark.python": "/opt/py/bin/python"}, "python3", "/opt/py/bin/python"),
+        ({}, "yarn", {"spark.pyspark.python": "/opt/py/bin/python"}, "python3", "/opt/py/bin/python"),
+        ({}, "yarn", {}, "python3", None),  # this path may not exist on the executors
+        ({}, "local[2]", {}, "/chosen/python", None),
+        ({"PYSPARK_PYTHON": "/chosen/python"}, "local[2]", {}, "python3", None),
+    ],
+)
+def test_register_chooses_the_workers_python_only_when_nobody_did(
+    monkeypatch, env, master, conf, python_exec, expected
+):
+    from spark_connector import use_driver_python_for_local_workers
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    context = FakeContext(master, conf, python_exec)
+    assert use_driver_python_for_local_workers(FakeSession(context)) == expected
+    assert context.pythonExec == (expected or python_exec)
+
+
+USER_SCRIPT = """\
+import sys
+
+from pyspark.sql import SparkSession
+
+import spark_connector
+
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+spark_connector.register(spark)
+orders = spark.read.format("redis-txmq").option("redis.url", sys.argv[1]).option("topics", "orders").load()
+print("BODIES", sorted(bytes(row.body).decode() for row in orders.collect()))
+spark.stop()
+"""
+
+
+def test_readme_snippet_runs_in_a_plain_script_without_pyspark_python(real_client, redis_url, tmp_path):
+    """The README's snippet in a user's script, run with this interpreter and no PYSPARK_PYTHON: Spark would start
+    its workers with ``python3`` from PATH (here one that cannot run them), unless register() points them here."""
+    send(real_client, "orders", [b"o1", b"o2", b"o3"])
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    for name in ("python", "python3"):
+        fake = fake_bin / name
+        fake.write_text("#!/bin/sh\necho 'not an interpreter for Spark workers' >&2\nexit 3\n")
+        fake.chmod(0o755)
+    script = tmp_path / "job.py"
+    script.write_text(USER_SCRIPT)
+    env = {
+        "PATH": f"{fake_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    env.update({name: os.environ[name] for name in ("JAVA_HOME", "TMPDIR") if name in os.environ})
+    done = subprocess.run(
+        [sys.executable, str(script), redis_url], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "BODIES ['o1', 'o2', 'o3']" in done.stdout
