@@ -13,7 +13,11 @@ if not idle_ms or idle_ms < 0 then
   return redis.error_reply('ERR forget_consumers: idle_ms must be a number >= 0')
 end
 local removed = {}
-for _, info in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
+local consumers = redis.pcall('XINFO', 'CONSUMERS', stream, group)
+if consumers['err'] then
+  return removed  -- the stream or the group is gone (Redis lost its data): the caller's next read recreates it
+end
+for _, info in ipairs(consumers) do
   local fields = {}
   for i = 1, #info, 2 do
     fields[info[i]] = info[i + 1]

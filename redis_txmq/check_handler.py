@@ -12,7 +12,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -24,7 +24,7 @@ from .connection import REDIS_ERRORS
 from .errors import CorruptEntryError, TxMQConnectionError
 from .groups import Backoff, PendingTakeover, ensure_consumer_group, is_missing_group
 from .heartbeat import Heartbeat
-from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, TOPIC_REGISTRY, GroupKeys
+from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
 from .listener import TransactionListener, local_state
 
 logger = logging.getLogger(__name__)
@@ -43,14 +43,14 @@ class CheckRequestHandler:
         listener: TransactionListener,
         settings: Settings,
         instance_id: str,
-        topics: Callable[[], Collection[str]] = frozenset,
+        registrations: Callable[[Any], None] | None = None,
     ) -> None:
         self.client = client
         self.producer_group = producer_group
         self.listener = listener
         self.settings = settings
         self.instance_id = instance_id
-        self.topics = topics
+        self.registrations = registrations
         self.keys = GroupKeys(producer_group)
         self._cluster = isinstance(client, RedisCluster)
         self.heartbeat = Heartbeat(client, self.keys.producers, instance_id, settings.heartbeat_interval)
@@ -84,14 +84,14 @@ class CheckRequestHandler:
         self._needs_set_up = False
 
     def _beat(self) -> None:
-        """Heartbeat, and re-assert the registries (this group, the topic streams this producer wrote to): a Redis
-        that lost its data (restart without persistence, failover to a lagging replica) heals within a beat."""
+        """Heartbeat, and re-assert the registries (this group, and what ``registrations`` adds to the pipeline: the
+        producer's topic streams and partition counts): a Redis that lost its data (restart without persistence,
+        failover to a lagging replica) heals within a beat."""
         self.heartbeat.beat()
         pipe = self.client.pipeline(transaction=False)
         pipe.sadd(GROUP_REGISTRY, self.producer_group)
-        streams = list(self.topics())
-        if streams:
-            pipe.sadd(TOPIC_REGISTRY, *streams)
+        if self.registrations is not None:
+            self.registrations(pipe)
         pipe.execute()
 
     def shutdown(self, timeout: float = 30.0) -> None:

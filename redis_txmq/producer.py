@@ -20,6 +20,7 @@ from .errors import (
     TxMQConnectionError,
     TxMQError,
 )
+from .keys import TOPIC_REGISTRY
 from .listener import TransactionListener, local_state
 from .message import (
     LocalTransactionState,
@@ -29,7 +30,7 @@ from .message import (
     validate_name,
 )
 from .oneway import EndFlusher
-from .topics import PartitionRouter
+from .topics import PartitionRouter, restore_partitions
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class TransactionProducer:
         self.broker = RedisBroker(self.client, self.settings)
         self.instance_id = instance_id("producer")
         self._check_handler = CheckRequestHandler(
-            self.client, self.producer_group, listener, self.settings, self.instance_id, self.broker.registered_streams
+            self.client, self.producer_group, listener, self.settings, self.instance_id, self._registrations
         )
         self._router = PartitionRouter(self.client)
         self.oneway_end = oneway_end
@@ -102,6 +103,16 @@ class TransactionProducer:
                     self._flusher.start()
             self._state = _State.RUNNING
         return self
+
+    def _registrations(self, pipe: Any) -> None:
+        """Re-assert, with every heartbeat, what this producer registered: the topic streams it wrote to (the
+        checker walks them) and the partition counts of its topics (a producer started after Redis lost them would
+        write every message to one partition)."""
+        streams = self.broker.registered_streams()
+        if streams:
+            pipe.sadd(TOPIC_REGISTRY, *streams)
+        for topic, partitions in self._router.partitioned_topics().items():
+            restore_partitions(pipe, topic, partitions)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every end a one-way producer queued before this call has been applied (or has failed,

@@ -56,6 +56,12 @@ def create_topic(client: Any, topic: str, partitions: int) -> int:
     return count
 
 
+def restore_partitions(pipe: Any, topic: str, partitions: int) -> None:
+    """Queue ``create_topic.lua`` on a pipeline: puts back a partition count that Redis lost (a no-op when it is
+    there, refused when the unpartitioned stream has messages); the producer re-asserts what it routes by."""
+    pipe.eval(script_source("create_topic"), 2, topic_meta_key(topic), topic_stream_key(topic), partitions)
+
+
 def partition_count(client: Any, topic: str) -> int:
     """The number of partitions of ``topic`` (1 when it was never created with more)."""
     raw = client.hget(topic_meta_key(topic), "partitions")
@@ -96,3 +102,8 @@ class PartitionRouter:
         if keys:
             return partitions[zlib.crc32(keys[0].encode()) % len(partitions)]
         return partitions[next(self._round_robin) % len(partitions)]
+
+    def partitioned_topics(self) -> dict[str, int]:
+        """Topic -> partition count of the partitioned topics this process sent to."""
+        with self._lock:
+            return {topic: len(keys) for topic, keys in self._partitions.items() if len(keys) > 1}

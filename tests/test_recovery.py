@@ -166,3 +166,23 @@ def test_no_check_is_counted_while_answers_cannot_be_read(real_client):
             real_client.delete(REPLY_STREAM)
             wait_until(lambda: committed(real_client) == {sent.transaction_id: 1})
     assert real_client.xlen(KEYS.dead_stream) == 0
+
+
+def test_producer_puts_back_the_partitions_redis_lost(real_client):
+    """After data loss a producer started anew would read "one partition" and write every message to the bare
+    stream no consumer of the partitions reads; live producers put the partition count back with their heartbeat."""
+    create_topic(real_client, "parted", 4)
+    with TransactionProducer(GROUP, Answers(), client=real_client, settings=FAST) as producer:
+        producer.send_message_in_transaction(Message("parted", b"x", keys="k"), arg=COMMIT)
+        real_client.flushall()
+        wait_until(lambda: real_client.hget("txmq:topic:{parted}", "partitions") == b"4", timeout=5)
+        wait_until(lambda: real_client.sismember(TOPIC_REGISTRY, "parted#" + str(_partition_of("k", 4))), timeout=5)
+    with TransactionProducer(GROUP, Answers(), client=real_client, settings=FAST) as fresh:
+        assert fresh.send_message_in_transaction(Message("parted", b"y", keys="k"), arg=COMMIT).partition > -1
+    assert not real_client.exists("parted"), "nothing written to the unpartitioned stream"
+
+
+def _partition_of(key: str, partitions: int) -> int:
+    import zlib
+
+    return zlib.crc32(key.encode()) % partitions
