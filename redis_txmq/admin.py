@@ -16,6 +16,7 @@ from .keys import (
     TopicKeys,
     topic_keys_of_stream,
 )
+from .message import validate_name
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
 def dead_letters(client: Any, topic: str | None = None, count: int = 1000) -> list[dict[str, Any]]:
     """Dead-lettered transactions, oldest first, as plain dicts (``transaction_id``, ``topic``, ``reason``,
     ``check_times``, ...). The body is left out; read it from the dead-letter stream."""
+    if topic is not None:
+        validate_name(topic, "topic")
     rows = []
     for keys in registered_topics(client, topic):
         for entry_id, raw in client.xrange(keys.dead_stream, count=count):
@@ -111,20 +114,76 @@ def dead_letters(client: Any, topic: str | None = None, count: int = 1000) -> li
     return rows
 
 
-def resolve_dead(
-    broker: RedisBroker, transaction_id: str, action: DeadAction, topic: str | None = None, remark: str = ""
-) -> tuple[TopicKeys, EndResult]:
-    """Commit, roll back or re-check a dead-lettered transaction, finding its topic when not given."""
-    candidates = registered_topics(broker.client, topic)
-    for keys in candidates:
-        if broker.client.hexists(keys.dead_index, transaction_id):
-            return keys, broker.resolve_dead(keys, transaction_id, action, remark)
-    for keys in candidates:  # already resolved: the script answers a repeat with the first result
-        if broker.client.hexists(keys.ended, transaction_id) or broker.client.hexists(keys.inflight, transaction_id):
-            return keys, broker.resolve_dead(keys, transaction_id, action, remark)
+MAX_LISTED_CANDIDATES = 10
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def find_dead_transaction(client: Any, transaction_id: str, topic: str | None = None) -> tuple[TopicKeys, str]:
+    """The topic and whole id of a dead-lettered transaction named by its id or by a unique prefix of its id (ids are
+    long to type). A whole id that is in flight or recently ended is found too, so that a repeated resolution gets
+    the first answer. Raises :class:`TransactionNotFoundError` when nothing, or more than one transaction, matches."""
+    if topic is not None:
+        validate_name(topic, "topic")
     where = f"topic {topic!r}" if topic else "any registered topic"
+    if not transaction_id:
+        raise TransactionNotFoundError(
+            "give a transaction id (or a prefix of one); list them with `txmq dead list`",
+            topic=topic or "",
+            transaction_id=transaction_id,
+        )
+    candidates = registered_topics(client, topic)
+    for keys in candidates:
+        if client.hexists(keys.dead_index, transaction_id):
+            return keys, transaction_id
+    for keys in candidates:  # already resolved: the script answers a repeat with the first result
+        if client.hexists(keys.ended, transaction_id) or client.hexists(keys.inflight, transaction_id):
+            return keys, transaction_id
+    pattern = _glob_escape(transaction_id) + "*"
+    matches = [
+        (keys, entries.text(member) or "")
+        for keys in candidates
+        for member, _ in client.hscan_iter(keys.dead_index, match=pattern, count=1000)
+    ]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise TransactionNotFoundError(
+            f"transaction {transaction_id}: no dead-lettered transaction in {where} has this id or starts with it; "
+            "list them with `txmq dead list`",
+            topic=topic or "",
+            transaction_id=transaction_id,
+        )
+    listed = ", ".join(f"{txid} ({keys.topic_stream})" for keys, txid in matches[:MAX_LISTED_CANDIDATES])
+    more = f" and {len(matches) - MAX_LISTED_CANDIDATES} more" if len(matches) > MAX_LISTED_CANDIDATES else ""
     raise TransactionNotFoundError(
-        f"transaction {transaction_id}: not dead-lettered in {where}; list them with `txmq dead list`",
+        f"transaction prefix {transaction_id!r} matches {len(matches)} dead-lettered transactions in {where}: "
+        f"{listed}{more}; give more of the id",
         topic=topic or "",
         transaction_id=transaction_id,
     )
+
+
+def resolve_dead(
+    broker: RedisBroker, transaction_id: str, action: DeadAction, topic: str | None = None, remark: str = ""
+) -> tuple[TopicKeys, EndResult]:
+    """Commit, roll back or re-check a dead-lettered transaction, named by its id or a unique prefix of it, finding
+    its topic when not given."""
+    keys, whole_id = find_dead_transaction(broker.client, transaction_id, topic)
+    return keys, broker.resolve_dead(keys, whole_id, action, remark)
+
+
+def forget_producer_group(client: Any, producer_group: str) -> bool:
+    """Remove a finished producer group from the registry, with its keys, so that ``txmq status`` stops listing it
+    (for short-lived groups such as ``txmq demo``'s, one per run). Touches nothing and returns False while an instance
+    is registered or a check request waits."""
+    gkeys = GroupKeys(producer_group)
+    if client.zcard(gkeys.producers) or client.xlen(gkeys.check_requests):
+        return False
+    client.delete(gkeys.check_requests)
+    client.delete(gkeys.producers)
+    client.srem(GROUP_REGISTRY, producer_group)
+    return True

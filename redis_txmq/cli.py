@@ -1,4 +1,8 @@
-"""``txmq``: the command line, and the composition root (the only module that may import the workers)."""
+"""``txmq``: the command line, and the composition root (the only module that may import the workers).
+
+Every failure of a command is one line ``error: <what happened>; <what to do>`` on stderr and a non-zero exit
+status (2 for a usage error, 1 otherwise), never a traceback; passwords in Redis URLs are never shown.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,34 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
+from urllib.parse import unquote, urlsplit
 
 import click
+import redis
+from redis.exceptions import RedisClusterException
 from rich.console import Console
 from rich.table import Table
 
 from . import __version__
 from .config import Settings
-from .connection import connect, redact_url
-from .errors import TxMQError
+from .connection import REDIS_ERRORS, connect, redact_url
+from .errors import ConfigurationError, TxMQConnectionError, TxMQError
+from .groups import Backoff
 
 console = Console()
+
+URL_HINT = "give --redis-url (or TXMQ_REDIS_URL) as redis://[[user]:password@]host:port/db, rediss://... or unix://path"
+SOURCE_CHECKOUT_HINT = (
+    "txmq bench runs from a source checkout: clone the redis-txmq repository, then run "
+    "`pip install -e '.[bench]'` in it"
+)
+_URL_META = "txmq.redis_url"
 
 redis_url_option = click.option(
     "--redis-url",
@@ -40,27 +55,137 @@ cluster_option = click.option(
 )
 
 
-def _settings(**overrides: Any) -> Settings:
+class CommandError(click.ClickException):
+    """A command failed: shown as one line ``error: ...`` on stderr."""
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"error: {self.format_message()}", file=file, err=file is None)
+
+
+class CommandUsageError(CommandError):
+    """The command line itself is wrong (an unknown option, a bad value): exit status 2, as click's own."""
+
+    exit_code = 2
+
+
+class TxMQGroup(click.Group):
+    """The ``txmq`` group: turns every failure of a command into a :class:`CommandError`, in one place."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise _usage_error(exc, info_name or self.name or "txmq") from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CommandError:
+            raise
+        except click.UsageError as exc:
+            raise _usage_error(exc, ctx.command_path) from None
+        except click.ClickException as exc:
+            raise CommandError(_one_line(exc.format_message(), None)) from None
+        except (TxMQError, redis.RedisError, RedisClusterException, OSError) as exc:
+            url = ctx.meta.get(_URL_META)
+            raise CommandError(_one_line(_describe(exc, url), url)) from None
+
+
+def _usage_error(exc: click.UsageError, command_path: str) -> click.ClickException:
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        return exc  # a bare group prints its help
+    path = exc.ctx.command_path if exc.ctx is not None else command_path
+    return CommandUsageError(f"{exc.format_message().rstrip('.')}; see '{path} -h'")
+
+
+def _describe(exc: BaseException, redis_url: str | None) -> str:
+    """What happened and what to do, for the exceptions a command can meet."""
+    where = f"Redis at {_shown(redis_url)}" if redis_url else "Redis"
+    if isinstance(exc, TxMQConnectionError) and isinstance(exc.__cause__, (redis.RedisError, RedisClusterException)):
+        exc = exc.__cause__
+    if isinstance(exc, redis.AuthenticationError):
+        return (
+            f"{where} refused the credentials ({exc}); put the right user and password in the URL "
+            "(redis://user:password@host:port/db)"
+        )
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return f"cannot reach {where} ({exc}); start Redis there, or point --redis-url (or TXMQ_REDIS_URL) at one"
+    if isinstance(exc, RedisClusterException):
+        return (
+            f"cannot use {where} as a Redis Cluster ({exc}); point --redis-url at a node of a running cluster, "
+            "or leave out --cluster (TXMQ_CLUSTER) for a standalone Redis"
+        )
+    if isinstance(exc, redis.ResponseError):
+        return f"{where} refused a command ({exc}); txmq needs Redis >= 7.0 or Valkey, and --cluster for a cluster"
+    if isinstance(exc, redis.RedisError):
+        return f"{where} failed ({exc}); check that it is up and reachable, then try again"
+    if isinstance(exc, TxMQConnectionError):
+        return f"{exc}; check that {where} is up and reachable, then try again"
+    return str(exc)
+
+
+MIN_SCRUBBED_PASSWORD = 4
+"""A shorter password is not searched for in messages on its own (it would star out ordinary words); the URL that
+holds it always is."""
+
+
+def _one_line(text: str, redis_url: str | None) -> str:
+    """``text`` on one line, without the password of ``redis_url``."""
+    if redis_url:
+        text = text.replace(redis_url, _shown(redis_url))
+        password = _password(redis_url)
+        if password and len(password) >= MIN_SCRUBBED_PASSWORD:
+            text = text.replace(password, "***").replace(unquote(password), "***")
+    return " ".join(text.split())
+
+
+def _shown(redis_url: str) -> str:
+    """The URL without its password, also when it does not parse."""
     try:
-        return Settings.from_env(**overrides)
-    except TxMQError as exc:
-        raise click.UsageError(str(exc)) from None
+        return redact_url(redis_url)
+    except ValueError:
+        return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", redis_url)
+
+
+def _password(redis_url: str | None) -> str | None:
+    try:
+        return urlsplit(redis_url).password if redis_url else None
+    except ValueError:
+        return None
+
+
+def _remember_url(redis_url: str) -> None:
+    """Let the error handler name (and redact) the Redis a failure is about."""
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.meta[_URL_META] = redis_url
+
+
+def _settings(**overrides: Any) -> Settings:
+    settings = Settings.from_env(**overrides)
+    _remember_url(settings.redis_url)
+    return settings
 
 
 def _client(settings: Settings) -> Any:
-    return connect(settings.redis_url, cluster=settings.cluster)
+    return _connect(settings.redis_url, cluster=settings.cluster)
 
 
-def _fail_cleanly(action: Callable[[], None]) -> None:
-    """Run a command body; a TxMQError becomes one red line and exit status 1, not a traceback."""
+def _connect(redis_url: str, *, cluster: bool = False) -> Any:
+    _remember_url(redis_url)
     try:
-        action()
-    except TxMQError as exc:
-        console.print(f"[red]error[/]: {exc}", soft_wrap=True, highlight=False)
-        sys.exit(1)
+        return connect(redis_url, cluster=cluster)
+    except ConfigurationError as exc:
+        raise CommandError(_one_line(f"{exc}; {URL_HINT}", redis_url)) from None
+    except ValueError as exc:
+        message = f"invalid Redis URL {_shown(redis_url)!r}: {exc}; {URL_HINT}"
+        raise CommandError(_one_line(message, redis_url)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=TxMQGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="redis-txmq", message="%(prog)s %(version)s")
 @click.option(
     "--log-level",
     envvar="TXMQ_LOG_LEVEL",
@@ -79,8 +204,8 @@ def version() -> None:
     click.echo(f"redis-txmq {__version__}")
 
 
-def _spark_read(redis_url: str) -> None:
-    """Read what the demo committed with the Spark source, when the spark extra and Java are there."""
+def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
+    """Read what this demo run committed with the Spark source, when the spark extra and Java are there."""
     if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
         console.print("(install the spark extra, with Java 17, to see the Spark read of the topic)")
         return
@@ -91,7 +216,7 @@ def _spark_read(redis_url: str) -> None:
 
     import spark_connector
 
-    console.print("Spark reads the committed 'orders' stream (format redis-txmq, local[2])...")
+    console.print("Spark reads the committed 'orders' stream (format redis-txmq, local[2]), this run's orders...")
     spark = (
         SparkSession.builder.master("local[2]").appName("txmq-demo").config("spark.ui.enabled", "false").getOrCreate()
     )
@@ -99,7 +224,7 @@ def _spark_read(redis_url: str) -> None:
         spark.sparkContext.setLogLevel("ERROR")
         spark_connector.register(spark)
         orders = spark.read.format("redis-txmq").option("redis.url", redis_url).option("topics", "orders").load()
-        parsed = orders.select(
+        parsed = orders.where(F.col("transaction_id").isin(transaction_ids)).select(
             "id", "keys", F.get_json_object(F.col("body").cast("string"), "$.amount").alias("amount")
         )
         table = Table(title="spark.read.format('redis-txmq') of 'orders'")
@@ -112,10 +237,19 @@ def _spark_read(redis_url: str) -> None:
         spark.stop()
 
 
-def _run_checker(redis_url: str, settings: Settings, stop: threading.Event) -> None:
+def _run_checker(redis_url: str, settings: Settings, topic: str, stop: threading.Event) -> None:
+    """A checker of ``topic`` only: the demo must not check (or time) other services' transactions."""
     from checker import Checker
 
-    Checker(connect(redis_url), settings, scan_interval=0.1).run(stop)
+    class TopicChecker(Checker):
+        def topics(self) -> list[Any]:
+            return [keys for keys in super().topics() if keys.topic == topic]
+
+    client = connect(redis_url)
+    try:
+        TopicChecker(client, settings, scan_interval=0.1).run(stop)
+    finally:
+        client.close()
 
 
 @main.command()
@@ -127,7 +261,10 @@ def _run_checker(redis_url: str, settings: Settings, stop: threading.Event) -> N
 )
 @click.option("--spark/--no-spark", default=True, help="End with a Spark read (when the spark extra is installed).")
 def demo(redis_url: str | None, spark: bool) -> None:
-    """Run the order-service story: commits, rollbacks, a check-back, a consumer reading what was committed."""
+    """Run the order-service story: commits, rollbacks, a check-back, a consumer reading what was committed.
+
+    On a given Redis it writes to the topic 'orders': each run has its own producer and consumer groups (removed at
+    the end), answers checks for its own transactions only and leaves none of them in flight."""
     from .demo import run_demo
     from .embedded import EmbeddedRedis
 
@@ -137,22 +274,24 @@ def demo(redis_url: str | None, spark: bool) -> None:
         redis_url = embedded.url
         console.print(f"[bold]Embedded Redis[/] ({embedded.kind}) at {redis_url}")
     else:
-        console.print(f"[bold]Redis[/] at {redact_url(redis_url)}")
+        _connect(redis_url).close()
+        console.print(f"[bold]Redis[/] at {_shown(redis_url)}")
     try:
         outcome = run_demo(redis_url, console, run_checker=_run_checker)
         if outcome.ok and spark:
-            _spark_read(redis_url)
+            _spark_read(redis_url, outcome.committed_transaction_ids)
     finally:
         if embedded is not None:
             embedded.stop()
-    if outcome.ok:
-        console.print(
-            f"[green]OK[/]: orders {outcome.committed} committed and consumed once each; "
-            f"orders {outcome.rolled_back} rolled back and never seen."
+    if not outcome.ok:
+        raise CommandError(
+            f"the demo failed: orders {outcome.committed} committed, {outcome.consumed} consumed; "
+            "run it again with --log-level INFO to see what the producer and the checker did"
         )
-        return
-    console.print(f"[red]FAILED[/]: committed {outcome.committed}, consumed {outcome.consumed}")
-    sys.exit(1)
+    console.print(
+        f"[green]OK[/]: orders {outcome.committed} committed and consumed once each; "
+        f"orders {outcome.rolled_back} rolled back and never seen."
+    )
 
 
 @main.command()
@@ -204,7 +343,7 @@ def demo(redis_url: str | None, spark: bool) -> None:
 )
 @click.option(
     "--metrics-port",
-    type=int,
+    type=click.IntRange(1, 65535),
     envvar="TXMQ_METRICS_PORT",
     show_envvar=True,
     help="Serve Prometheus metrics on this port.",
@@ -221,7 +360,7 @@ def checker(
     metrics_port: int | None,
 ) -> None:
     """Run the check-back worker until SIGTERM or SIGINT; run several for availability."""
-    from checker import Checker
+    from checker import Checker, CheckerMetrics
 
     settings = _settings(
         redis_url=redis_url,
@@ -232,19 +371,43 @@ def checker(
         max_age=max_age,
         claim_idle=claim_idle,
     )
-    worker = Checker(_client(settings), settings, batch_size=batch_size)
+    metrics = CheckerMetrics()
     if metrics_port is not None:
-        worker.metrics.serve(metrics_port)
+        try:
+            metrics.serve(metrics_port)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve metrics on port {metrics_port} ({exc.strerror or exc}): another process (another "
+                "checker?) listens there; give this checker another --metrics-port (or TXMQ_METRICS_PORT)"
+            ) from None
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     console.print(
-        f"checker {worker.instance_id} on {redact_url(settings.redis_url)}: "
+        f"checker on {_shown(settings.redis_url)}: "
         f"transaction_timeout={settings.transaction_timeout}s check_interval={settings.check_interval}s "
         f"check_max={settings.check_max} max_age={settings.max_age}s",
         highlight=False,
     )
-    _fail_cleanly(lambda: worker.run(stop))
+    client = _client_once_reachable(settings, stop)
+    if client is not None:
+        Checker(client, settings, batch_size=batch_size, metrics=metrics).run(stop)
+
+
+def _client_once_reachable(settings: Settings, stop: threading.Event) -> Any:
+    """The client, retried with backoff while it cannot be made (a cluster client asks the cluster for its slots
+    when it is made); None if stopped first. A standalone client connects on first use: the checker retries then."""
+    backoff = Backoff(first=0.5, cap=30.0)
+    while True:
+        try:
+            return _client(settings)
+        except REDIS_ERRORS as exc:
+            delay = backoff.next()
+            logging.getLogger("checker").warning(
+                "cannot reach Redis at %s (%s); retrying in %.1f s", _shown(settings.redis_url), exc, delay
+            )
+            if stop.wait(delay):
+                return None
 
 
 @main.command()
@@ -300,9 +463,16 @@ def dead_list(redis_url: str | None, cluster: bool | None, topic: str | None, as
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
+    if not rows:
+        where = f" on topic {topic!r}" if topic else ""
+        console.print(f"no dead-lettered transactions{where}", highlight=False)
+        return
     table = Table(title="dead-lettered transactions")
-    for column in ("transaction id", "topic", "producer group", "checks", "reason", "remark"):
-        table.add_column(column)
+    id_width = max(len(row["transaction_id"] or "-") for row in rows)
+    # whole ids on one line, to copy into `txmq dead commit|rollback|recheck`; the other columns fold, never cut
+    table.add_column("transaction id", no_wrap=True, min_width=id_width, overflow="fold")
+    for column in ("topic", "producer group", "checks", "reason", "remark"):
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(
             row["transaction_id"] or "-",
@@ -326,26 +496,36 @@ def _dead_action(name: str, help_text: str) -> None:
     @cluster_option
     @click.option("--topic", help="The topic, when the id could be in several.")
     def command(transaction_id: str, redis_url: str | None, cluster: bool | None, topic: str | None) -> None:
-        from .admin import resolve_dead
+        from .admin import find_dead_transaction
         from .broker import RedisBroker
 
         settings = _settings(redis_url=redis_url, cluster=cluster)
+        client = _client(settings)
+        keys, whole_id = find_dead_transaction(client, transaction_id, topic)
+        result = RedisBroker(client, settings).resolve_dead(keys, whole_id, action)
+        repeat = "" if result.applied else " (already done: nothing changed)"
+        committed = f", topic entry {result.committed_id}" if result.committed_id else ""
+        console.print(
+            f"transaction {whole_id} on {keys.topic_stream}: {result.state}{committed}{repeat}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
-        def resolve() -> None:
-            keys, result = resolve_dead(RedisBroker(_client(settings), settings), transaction_id, action, topic)
-            repeat = "" if result.applied else " (already done: nothing changed)"
-            committed = f", topic entry {result.committed_id}" if result.committed_id else ""
-            console.print(
-                f"transaction {transaction_id} on {keys.topic_stream}: {result.state}{committed}{repeat}",
-                highlight=False,
-            )
 
-        _fail_cleanly(resolve)
-
-
-_dead_action("commit", "Commit a dead-lettered transaction: its message is appended to the topic once.")
-_dead_action("rollback", "Roll back a dead-lettered transaction: its message is dropped, with an op record.")
-_dead_action("recheck", "Put a dead-lettered transaction back in flight, check count reset, checked right away.")
+_dead_action(
+    "commit",
+    "Commit a dead-lettered transaction (its id, or a unique prefix of it): its message is appended to the topic once.",
+)
+_dead_action(
+    "rollback",
+    "Roll back a dead-lettered transaction (its id, or a unique prefix of it): its message is dropped, with an op "
+    "record.",
+)
+_dead_action(
+    "recheck",
+    "Put a dead-lettered transaction (its id, or a unique prefix of it) back in flight, check count reset, checked "
+    "right away.",
+)
 
 
 @main.group()
@@ -369,21 +549,17 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
     from .topics import create_topic
 
     settings = _settings(redis_url=redis_url, cluster=cluster)
-
-    def create() -> None:
-        count = create_topic(_client(settings), name, partitions)
-        console.print(f"topic {name}: {count} partition{'s' if count > 1 else ''}", highlight=False)
-
-    _fail_cleanly(create)
+    count = create_topic(_client(settings), name, partitions)
+    console.print(f"topic {name}: {count} partition{'s' if count > 1 else ''}", highlight=False)
 
 
-def _counts(text: str) -> list[int]:
+def _counts(text: str, option: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated whole numbers, got {text!r}") from None
+        raise click.BadParameter(f"expected comma-separated whole numbers, got {text!r}", param_hint=option) from None
     if not values or min(values) < 1:
-        raise click.BadParameter(f"expected comma-separated numbers >= 1, got {text!r}")
+        raise click.BadParameter(f"expected comma-separated numbers >= 1, got {text!r}", param_hint=option)
     return values
 
 
@@ -433,40 +609,44 @@ def bench(
     """Measure send rates against plain XADD, producer processes, the checker at scale and memory per transaction."""
     from pathlib import Path
 
-    from bench.report import print_table, write_json, write_plot
-    from bench.run import BenchOptions, run_bench
+    try:
+        from bench.report import print_table, write_json, write_plot
+        from bench.run import BenchOptions, run_bench
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "bench":
+            raise
+        raise CommandError(f"the benchmarks are not installed: {SOURCE_CHECKOUT_HINT}") from None
 
     overrides: dict[str, Any] = {
         "redis_url": redis_url,
         "rounds": rounds,
         "per_round": per_round,
-        "processes": _counts(processes) if processes else None,
+        "processes": _counts(processes, "'--processes'") if processes else None,
         "seconds": seconds,
         "repeats": repeats,
-        "in_flight": _counts(in_flight) if in_flight else None,
+        "in_flight": _counts(in_flight, "'--in-flight'") if in_flight else None,
         "memory_transactions": memory_transactions,
         "memory_wait": memory_wait,
         "cluster": cluster,
     }
     given = {k: v for k, v in overrides.items() if v is not None}
+    if redis_url is not None:
+        _connect(redis_url).close()
     options = BenchOptions.quick(**given) if quick else BenchOptions(**given)
     if plot_path:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise click.UsageError("--plot needs matplotlib: pip install 'redis-txmq[bench]'") from None
+            raise CommandError("--plot needs matplotlib: pip install matplotlib (or leave out --plot)") from None
 
     # SIGTERM unwinds like Ctrl-C: the servers and worker processes the run started are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
-    def run() -> None:
-        results = run_bench(options)
-        print_table(results, console)
-        if json_path:
-            write_json(results, Path(json_path))
-            console.print(f"results written to {json_path}", highlight=False)
-        if plot_path:
-            write_plot(results, Path(plot_path))
-            console.print(f"chart written to {plot_path}", highlight=False)
-
-    _fail_cleanly(run)
+    results = run_bench(options)
+    print_table(results, console)
+    if json_path:
+        write_json(results, Path(json_path))
+        console.print(f"results written to {json_path}", highlight=False)
+    if plot_path:
+        write_plot(results, Path(plot_path))
+        console.print(f"chart written to {plot_path}", highlight=False)

@@ -50,14 +50,15 @@ def redact_url(url: str) -> str:
     """The URL without its password, for logs and errors."""
     try:
         parts = urlsplit(url)
+        password, port = parts.password, parts.port
     except ValueError:
         return "<unparsable redis url>"
-    if parts.password is None:
+    if password is None:
         return url
     user = parts.username or ""
     host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    if port:
+        host = f"{host}:{port}"
     netloc = f"{user}:***@{host}" if user else f":***@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 

@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+
+from redis_txmq.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -47,3 +50,12 @@ def test_quick_bench_reports_every_part_and_leaves_no_bench_keys(real_client, re
 def test_bench_refuses_malformed_counts():
     run = subprocess.run([TXMQ, "bench", "--processes", "1,x"], capture_output=True, text=True, timeout=30)
     assert run.returncode == 2 and "comma-separated" in run.stderr
+
+
+def test_bench_without_the_benchmarks_says_to_use_a_source_checkout(monkeypatch):
+    """The wheel does not ship `bench`: without it the command says where the benchmarks are, in one line."""
+    monkeypatch.setitem(sys.modules, "bench", None)
+    result = CliRunner().invoke(main, ["bench", "--quick"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and "source checkout" in line and "pip install -e '.[bench]'" in line

@@ -458,7 +458,7 @@ def test_dead_letters_and_status_through_the_console_script(real_client, redis_u
     assert committed(real_client, topic) == {commit: 1}
     assert txmq(redis_url, "dead", "rollback", rollback).returncode == 0
     refused = txmq(redis_url, "dead", "commit", rollback)
-    assert refused.returncode == 1 and "already ended with ROLLBACK" in " ".join(refused.stdout.split())
+    assert refused.returncode == 1 and "already ended with ROLLBACK" in " ".join(refused.stderr.split())
     assert txmq(redis_url, "dead", "recheck", recheck).returncode == 0
     keys = TopicKeys(topic)
     assert real_client.hexists(keys.inflight, recheck) and not real_client.hexists(keys.checks, recheck)

@@ -1,15 +1,22 @@
-"""The command line: version, and the demo on its embedded default and on a given Redis."""
+"""The command line: version, the demo on its embedded default and on a given Redis, failures as one line, and the
+dead-letter commands."""
 
 from __future__ import annotations
 
+import socket
+
+import pytest
 import redis
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from rich.console import Console
 
-from redis_txmq import Consumer, __version__
+from checker import Checker
+from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, __version__
 from redis_txmq.cli import _run_checker, main
 from redis_txmq.demo import run_demo
 from redis_txmq.embedded import EmbeddedRedis
+from redis_txmq.keys import TopicKeys
+from tests.helpers import ScriptedListener, wait_until
 
 
 def test_version():
@@ -49,3 +56,152 @@ def test_consumer_from_url_reads_demo_data(real_client, redis_url):
     assert CliRunner().invoke(main, ["demo", "--no-spark", "--redis-url", redis_url]).exit_code == 0
     with Consumer("orders", "analytics", redis_url=redis_url, block=0.05) as consumer:
         assert len(consumer.poll()) == 4
+
+
+# ------------------------------------------------------------------------------------ every failure is one line
+
+
+def free_port() -> int:
+    """A port nobody listens on: bound to find it, then closed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def error_line(result: Result) -> str:
+    """The one line a failed command prints: ``error: ...`` on stderr, a non-zero status, no traceback."""
+    assert result.exit_code not in (0, None), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def test_version_option():
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"redis-txmq {__version__}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["status", "--json"],
+        ["dead", "list"],
+        ["dead", "commit", "0123abcd"],
+        ["dead", "recheck", "0123abcd"],
+        ["topic", "create", "events"],
+        ["demo", "--no-spark"],
+    ],
+)
+def test_redis_down_is_one_error_line(command):
+    """(`txmq checker` is the exception by design: it waits for Redis, retrying with backoff.)"""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    line = error_line(CliRunner().invoke(main, [*command, "--redis-url", url]))
+    assert f"cannot reach Redis at {url}" in line and "--redis-url" in line
+
+
+@pytest.mark.parametrize(
+    "url", ["localhost:6379", "redis://127.0.0.1:abc/0", "redis://127.0.0.1:99999/0", "redis://[::1/0", "http://x/0"]
+)
+@pytest.mark.parametrize("command", [["status"], ["dead", "list"], ["demo", "--no-spark"]])
+def test_malformed_url_is_one_error_line(command, url):
+    line = error_line(CliRunner().invoke(main, [*command, "--redis-url", url]))
+    assert "invalid Redis URL" in line and "--redis-url" in line
+
+
+@pytest.mark.parametrize(
+    "command, port",
+    [
+        (["status"], "{port}"),
+        (["status"], "abc"),
+        (["demo", "--no-spark"], "{port}"),
+        (["demo", "--no-spark"], "abc"),
+        (["checker"], "abc"),
+    ],
+)
+def test_password_never_shown(command, port):
+    url = f"redis://user:s3cret-pw@127.0.0.1:{port.format(port=free_port())}/0"
+    result = CliRunner().invoke(main, [*command, "--redis-url", url])
+    error_line(result)
+    assert "s3cret-pw" not in result.output
+
+
+def test_cluster_errors_are_one_error_line(real_client, redis_url):
+    line = error_line(CliRunner().invoke(main, ["status", "--cluster", "--redis-url", redis_url]))
+    assert "Redis Cluster" in line and "--cluster" in line
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    assert "Redis Cluster" in error_line(CliRunner().invoke(main, ["dead", "list", "--cluster", "--redis-url", down]))
+
+
+def test_bad_setting_and_usage_errors_are_one_error_line():
+    line = error_line(CliRunner().invoke(main, ["status"], env={"TXMQ_CHECK_MAX": "many"}))
+    assert "TXMQ_CHECK_MAX" in line
+    usage = CliRunner().invoke(main, ["status", "--bogus"], prog_name="txmq")
+    assert usage.exit_code == 2 and "see 'txmq status -h'" in error_line(usage)
+    assert "see 'txmq dead commit -h'" in error_line(CliRunner().invoke(main, ["dead", "commit"], prog_name="txmq"))
+    assert "No such command" in error_line(CliRunner().invoke(main, ["nonsense"]))
+    assert "Usage:" in CliRunner().invoke(main, []).output, "a bare txmq still prints its help"
+
+
+def test_second_checker_on_a_taken_metrics_port(real_client, redis_url):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["checker", "--metrics-port", str(port), "--redis-url", redis_url])
+    line = error_line(result)
+    assert f"port {port}" in line and "--metrics-port" in line
+
+
+# --------------------------------------------------------------------------------- dead list: whole ids, prefixes
+
+
+def dead_letter(redis_url: str, client: redis.Redis, topic: str, count: int) -> list[str]:
+    """``count`` transactions on ``topic`` whose producer never answers, dead-lettered after one check."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1, heartbeat_interval=0.5)
+    with TransactionProducer("cli-group", ScriptedListener(), redis_url=redis_url, settings=settings) as producer:
+        ids = [
+            producer.send_message_in_transaction(Message(topic, b"lost"), LocalTransactionState.UNKNOWN).transaction_id
+            for _ in range(count)
+        ]
+    checker = Checker(client, settings)
+
+    def buried() -> bool:
+        checker.run_round()
+        return client.xlen(TopicKeys(topic).dead_stream) == count
+
+    wait_until(buried)
+    return ids
+
+
+def test_dead_list_shows_whole_ids_and_commands_take_a_unique_prefix(real_client, redis_url):
+    ids = dead_letter(redis_url, real_client, "cli-orders", 17)
+    listed = CliRunner().invoke(main, ["dead", "list", "--redis-url", redis_url])
+    assert listed.exit_code == 0, listed.output
+    assert all(txid in listed.output for txid in ids), listed.output
+
+    by_first: dict[str, list[str]] = {}
+    for txid in ids:
+        by_first.setdefault(txid[0], []).append(txid)
+    shared = next(group for group in by_first.values() if len(group) > 1)  # 17 ids, 16 hex digits
+    ambiguous = error_line(CliRunner().invoke(main, ["dead", "commit", shared[0][0], "--redis-url", redis_url]))
+    assert f"matches {len(shared)} dead-lettered transactions" in ambiguous
+    assert all(txid in ambiguous for txid in shared)
+
+    unique = next(txid for txid in ids if not any(o != txid and o.startswith(txid[:8]) for o in ids))
+    done = CliRunner().invoke(main, ["dead", "commit", unique[:8], "--redis-url", redis_url])
+    assert done.exit_code == 0, done.output
+    assert f"transaction {unique} on cli-orders: COMMIT" in done.output
+    ((_, entry),) = real_client.xrange("cli-orders")
+    assert entry[b"transaction_id"].decode() == unique
+
+    missing = error_line(CliRunner().invoke(main, ["dead", "rollback", "zz", "--redis-url", redis_url]))
+    assert "txmq dead list" in missing
+
+
+@pytest.mark.parametrize("command", [["dead", "list"], ["dead", "commit", "0123abcd"]])
+def test_dead_topic_is_validated(real_client, redis_url, command):
+    line = error_line(CliRunner().invoke(main, [*command, "--topic", "{orders}", "--redis-url", redis_url]))
+    assert "invalid topic name '{orders}'" in line

@@ -1,10 +1,14 @@
-"""The wheel ships the Lua scripts: a non-editable install into a fresh venv can send a transaction."""
+"""The wheel ships the Lua scripts: a non-editable install into a fresh venv can send a transaction. It installs
+only the project's own top-level packages (the benchmarks stay in the source tree), marks the library typed and
+carries the license its metadata names."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -39,10 +43,25 @@ def run(*args: str | Path, cwd: Path) -> str:
     return done.stdout
 
 
+def check_wheel_contents(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        top_level = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+        assert top_level == {"redis_txmq", "checker", "spark_connector"}, top_level
+        assert not [name for name in names if name.lower().endswith(".png")]
+        assert "redis_txmq/py.typed" in names and "redis_txmq/lua/end_transaction.lua" in names
+        (license_file,) = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
+        assert "Apache License" in archive.read(license_file).decode()
+        (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+        assert "License-Expression: Apache-2.0" in headers and "License-File: LICENSE" in headers
+
+
 @pytest.mark.slow
 def test_wheel_install_sends_a_transaction(tmp_path, real_client, redis_url):
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "dist", ROOT, cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("redis_txmq-*.whl")
+    check_wheel_contents(wheel)
     run(sys.executable, "-m", "venv", tmp_path / "venv", cwd=tmp_path)
     python = tmp_path / "venv" / "bin" / "python"
     run(python, "-m", "pip", "install", "-q", wheel, cwd=tmp_path)
@@ -51,4 +70,30 @@ def test_wheel_install_sends_a_transaction(tmp_path, real_client, redis_url):
 
     ((entry_id, fields),) = real_client.xrange("wheel-topic")
     assert entry_id.decode() == committed_id and fields[b"body"] == b"from the wheel"
-    assert "redis-txmq" in run(tmp_path / "venv" / "bin" / "txmq", "version", cwd=tmp_path)
+    txmq = tmp_path / "venv" / "bin" / "txmq"
+    assert "redis-txmq" in run(txmq, "version", cwd=tmp_path)
+    assert "redis-txmq" in run(txmq, "--version", cwd=tmp_path)
+    bench = subprocess.run([txmq, "bench", "--quick"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert bench.returncode == 1 and "Traceback" not in bench.stderr, bench.stderr
+    (line,) = bench.stderr.splitlines()
+    assert line.startswith("error: ") and "source checkout" in line and "pip install -e '.[bench]'" in line
+
+
+@pytest.mark.slow
+def test_editable_install_imports_the_benchmarks(tmp_path):
+    """`txmq bench` works from a checkout installed in editable mode: `bench` is importable there."""
+    run(sys.executable, "-m", "venv", tmp_path / "venv", cwd=tmp_path)
+    python = tmp_path / "venv" / "bin" / "python"
+    run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", ROOT, cwd=tmp_path)
+    where = "import importlib.util; print(importlib.util.find_spec('bench.run').origin)"
+    found = run(python, "-c", where, cwd=tmp_path)
+    assert Path(found.strip()) == ROOT / "bench" / "run.py"
+
+
+@pytest.mark.slow
+def test_sdist_keeps_the_benchmarks_and_the_license(tmp_path):
+    run(sys.executable, "-m", "build", "--sdist", "-o", tmp_path, ROOT, cwd=tmp_path)
+    (sdist,) = tmp_path.glob("redis_txmq-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"LICENSE", "bench/run.py", "bench/README.md", "redis_txmq/py.typed", "lua/end_transaction.lua"} <= names
