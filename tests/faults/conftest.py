@@ -1,0 +1,49 @@
+"""Fixtures of the fault suite: the seed (printed; ``TXMQ_FAULT_SEED`` replays it), the assembled system, and a
+report that is printed at the end of the session, pass or fail."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .harness import System, sizes_from_env
+
+REPORT = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def fault_report(request: pytest.FixtureRequest) -> list[str]:
+    """Lines for the end-of-session summary."""
+    return request.config.stash.setdefault(REPORT, [])
+
+
+@pytest.fixture
+def fault_seed(fault_report: list[str]) -> int:
+    raw = os.environ.get("TXMQ_FAULT_SEED")
+    seed = int(raw) if raw else secrets.randbelow(2**31)
+    line = f"fault seed {seed} (replay: TXMQ_FAULT_SEED={seed})"
+    print(line)
+    fault_report.append(line)
+    return seed
+
+
+@pytest.fixture
+def system(tmp_path: Path, fault_seed: int, fault_report: list[str]) -> Iterator[System]:
+    built = System(tmp_path, fault_seed, sizes_from_env())
+    fault_report.append(f"logs, ledgers and Redis data of the run: {tmp_path}")
+    try:
+        yield built
+    finally:
+        built.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    lines = config.stash.get(REPORT, [])
+    if lines:
+        terminalreporter.section("fault suite")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,0 +1,224 @@
+"""The system under test, assembled: a redis-server, the fault proxy in front of it, and the service processes
+(producers of one group, checkers, consumers of one consumer group), all of which reach Redis through the proxy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from redis_txmq import create_topic
+
+from .ledger import Ledger
+from .proxy import FaultProxy
+from .redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+TXMQ = str(Path(sys.executable).parent / "txmq")
+PRODUCER_GROUP = "fault_orders"
+CONSUMER_GROUP = "billing"
+TOPICS = {"orders": 1, "payments": 2}
+"""Topic -> partitions: one plain topic, one partitioned."""
+SETTINGS = {"transaction_timeout": 1.0, "check_interval": 1.0, "check_max": 100, "claim_idle": 2.0}
+HEARTBEAT_INTERVAL = 0.5
+CONSUMER = {"min_idle_time": 2.0}
+
+
+@dataclass
+class Sizes:
+    transactions: int = 1000
+    rate: float = 25.0
+    """Transactions per second, all producers together."""
+    producers: int = 3
+    checkers: int = 2
+    consumers: int = 2
+
+
+def sizes_from_env() -> Sizes:
+    """``TXMQ_FAULT_TRANSACTIONS`` (default 1000) and ``TXMQ_FAULT_RATE`` (transactions per second, default 25)."""
+    defaults = Sizes()
+    return Sizes(
+        transactions=int(os.environ.get("TXMQ_FAULT_TRANSACTIONS") or defaults.transactions),
+        rate=float(os.environ.get("TXMQ_FAULT_RATE") or defaults.rate),
+    )
+
+
+class Worker:
+    """A subprocess that faults may SIGKILL; its output goes to one log file across restarts."""
+
+    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.log = log
+        self.starts = 0
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.starts += 1
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
+        env |= {"PYTHONPATH": str(ROOT), "TXMQ_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL), "COLUMNS": "200"}
+        with self.log.open("ab") as out:
+            out.write(f"=== start {self.starts}\n".encode())
+            out.flush()
+            self._process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+    def kill(self) -> None:
+        """SIGKILL (a process that had already exited is just reaped)."""
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.send_signal(signal.SIGKILL)
+            self._process.wait(10)
+            self._process = None
+
+    def terminate(self) -> None:
+        """SIGTERM: a graceful stop (:meth:`kill` reaps it)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+
+    def wait(self, timeout: float) -> None:
+        if self._process is not None:
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def exited(self) -> int | None:
+        """The exit status if it ended without being killed by the harness, else None."""
+        return None if self._process is None else self._process.poll()
+
+    def tail(self, lines: int = 25) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Exit:
+    """A worker that ended on its own, with the last line of its log (an exception, usually)."""
+
+    worker: str
+    status: int
+    last_line: str
+
+
+@dataclass
+class System:
+    """Start with :meth:`start`, always :meth:`stop`. Services use :attr:`proxy`; :meth:`client` is direct."""
+
+    workdir: Path
+    seed: int
+    sizes: Sizes
+    server: RedisServer = field(init=False)
+    proxy: FaultProxy = field(init=False)
+    ledgers: list[Ledger] = field(init=False)
+    deliveries: Path = field(init=False)
+    """Where the consumers record their deliveries."""
+    producers: list[Worker] = field(default_factory=list)
+    checkers: list[Worker] = field(default_factory=list)
+    consumers: list[Worker] = field(default_factory=list)
+    exits: list[Exit] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        (self.workdir / "redis").mkdir()
+        (self.workdir / "logs").mkdir()
+        self.deliveries = self.workdir / "deliveries"
+        self.deliveries.mkdir()
+        self.server = RedisServer(self.workdir / "redis")
+        self.proxy = FaultProxy(self.server.port)
+        self.ledgers = [Ledger(self.workdir / f"service-{slot}.sqlite") for slot in range(self.sizes.producers)]
+
+    @property
+    def workers(self) -> list[Worker]:
+        return [*self.producers, *self.checkers, *self.consumers]
+
+    def client(self) -> redis.Redis:
+        """A client of the test's own, straight to Redis."""
+        return redis.Redis(port=self.server.port)
+
+    def start(self) -> None:
+        self.server.start()
+        self.proxy.start()
+        client = self.client()
+        for topic, partitions in TOPICS.items():
+            if partitions > 1:
+                create_topic(client, topic, partitions)
+        client.close()
+        config = self.workdir / "config.json"
+        config.write_text(json.dumps(self._config()))
+        checker_options = {
+            "--redis-url": self.proxy.url,
+            "--transaction-timeout": SETTINGS["transaction_timeout"],
+            "--check-interval": SETTINGS["check_interval"],
+            "--check-max": SETTINGS["check_max"],
+            "--claim-idle": SETTINGS["claim_idle"],
+        }
+        checker = [TXMQ, "--log-level", "INFO", "checker", *(str(x) for kv in checker_options.items() for x in kv)]
+        self.producers = [
+            self._worker("producer", i, [sys.executable, "-m", "tests.faults.producer_worker", str(config), str(i)])
+            for i in range(self.sizes.producers)
+        ]
+        self.checkers = [self._worker("checker", i, checker) for i in range(self.sizes.checkers)]
+        self.consumers = [
+            self._worker("consumer", i, [sys.executable, "-m", "tests.faults.consumer_worker", str(config), str(i)])
+            for i in range(self.sizes.consumers)
+        ]
+        for worker in self.workers:
+            worker.start()
+
+    def _worker(self, kind: str, index: int, argv: list[str]) -> Worker:
+        return Worker(f"{kind}-{index}", argv, self.workdir / "logs" / f"{kind}-{index}.log")
+
+    def _config(self) -> dict[str, Any]:
+        count, slots = self.sizes.transactions, self.sizes.producers
+        return {
+            "redis_url": self.proxy.url,
+            "producer_group": PRODUCER_GROUP,
+            "consumer_group": CONSUMER_GROUP,
+            "topics": list(TOPICS),
+            "ledgers": [str(ledger.path) for ledger in self.ledgers],
+            "deliveries": str(self.deliveries),
+            "seed": self.seed,
+            "quotas": [count // slots + (1 if slot < count % slots else 0) for slot in range(slots)],
+            "rate": self.sizes.rate / slots,
+            "oneway_slots": [slots - 1] if slots > 1 else [],
+            "settings": SETTINGS | {"heartbeat_interval": HEARTBEAT_INTERVAL},
+            "consumer": CONSUMER,
+        }
+
+    def restart_exited(self) -> None:
+        """Restart every worker that ended on its own (a finding: kept in :attr:`exits` with its log's tail)."""
+        for worker in self.workers:
+            status = worker.exited()
+            if status is not None:
+                self.exits.append(Exit(worker.name, status, worker.tail(1)))
+                worker.kill()
+                worker.start()
+
+    def all_sent(self) -> bool:
+        """Every producer slot has sent its quota."""
+        return all(Path(f"{ledger.path}.done").exists() for ledger in self.ledgers)
+
+    def logs(self, lines: int = 25) -> str:
+        """The tail of every worker's log, for a failure message."""
+        return "\n".join(f"--- {worker.name}\n{worker.tail(lines)}" for worker in self.workers)
+
+    def stop(self) -> None:
+        """SIGTERM to every worker, SIGKILL to those still running 5 s later; then the proxy and Redis. Safe after
+        a failed :meth:`start`."""
+        deadline = time.monotonic() + 5
+        for worker in self.workers:
+            worker.terminate()
+        for worker in self.workers:
+            worker.wait(max(0.0, deadline - time.monotonic()))
+            worker.kill()
+        for ledger in self.ledgers:
+            ledger.close()
+        self.proxy.stop()
+        self.server.stop()

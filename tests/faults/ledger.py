@@ -1,0 +1,90 @@
+"""Ground truth: each service's own SQLite database, written by its local transactions.
+
+``orders`` has a ``committed`` row for every transaction whose local transaction committed (with the transaction
+id, as a real service stores it for the check-back), and an ``aborted`` tombstone for every transaction that a
+check-back found without a row: from then on the local transaction can no longer commit it. Without the tombstone
+a check that overtakes a slow local transaction (its prepare reply held up by a blackhole) would answer ROLLBACK
+for an order that commits a moment later. ``attempts`` is the service's journal of its sends, for counting and for
+resuming after a restart."""
+
+from __future__ import annotations
+
+import collections
+import sqlite3
+import threading
+from pathlib import Path
+
+COMMITTED, ABORTED = "committed", "aborted"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS orders (
+    transaction_id TEXT PRIMARY KEY, status TEXT NOT NULL, order_id TEXT, topic TEXT
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    n INTEGER PRIMARY KEY, order_id TEXT NOT NULL, behaviour TEXT NOT NULL, transaction_id TEXT, outcome TEXT
+);
+"""
+
+
+class Ledger:
+    """One service's database; safe to use from several threads and processes (WAL, one connection per thread)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def _db(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+            self._local.db = db
+        return db
+
+    def _write(self, sql: str, *params: object) -> sqlite3.Cursor:
+        return self._db().execute(sql, params)
+
+    def commit_order(self, transaction_id: str, order_id: str, topic: str) -> bool:
+        """The local transaction: insert the order row. False if a check-back aborted the transaction first."""
+        try:
+            self._write("INSERT INTO orders VALUES (?, ?, ?, ?)", transaction_id, COMMITTED, order_id, topic)
+        except sqlite3.IntegrityError:
+            return False
+        return True
+
+    def decide(self, transaction_id: str) -> bool:
+        """The check-back: True if the order committed; otherwise abort it for good (tombstone) and say False."""
+        self._write("INSERT OR IGNORE INTO orders (transaction_id, status) VALUES (?, ?)", transaction_id, ABORTED)
+        row = self._db().execute("SELECT status FROM orders WHERE transaction_id = ?", (transaction_id,)).fetchone()
+        return bool(row[0] == COMMITTED)
+
+    def begin_attempt(self, n: int, order_id: str, behaviour: str) -> None:
+        self._write("INSERT OR REPLACE INTO attempts (n, order_id, behaviour) VALUES (?, ?, ?)", n, order_id, behaviour)
+
+    def finish_attempt(self, n: int, transaction_id: str | None, outcome: str) -> None:
+        self._write("UPDATE attempts SET transaction_id = ?, outcome = ? WHERE n = ?", transaction_id, outcome, n)
+
+    def attempts_made(self) -> int:
+        (count,) = self._db().execute("SELECT count(*) FROM attempts").fetchone()
+        return int(count)
+
+    def outcomes(self) -> collections.Counter[str]:
+        """How the sends ended, by outcome (``killed`` for sends whose process died before recording one)."""
+        rows = self._db().execute("SELECT coalesce(outcome, 'killed'), count(*) FROM attempts GROUP BY 1")
+        return collections.Counter({outcome: int(count) for outcome, count in rows})
+
+    def committed(self) -> dict[str, str]:
+        """Transaction id -> topic of every committed order."""
+        rows = self._db().execute("SELECT transaction_id, topic FROM orders WHERE status = ?", (COMMITTED,))
+        return dict(rows.fetchall())
+
+    def aborted(self) -> int:
+        (count,) = self._db().execute("SELECT count(*) FROM orders WHERE status = ?", (ABORTED,)).fetchone()
+        return int(count)
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None

@@ -1,0 +1,139 @@
+"""A service instance of the fault suite: sends orders in transactions, paced, its local transaction writing to its
+own ledger, and answers its group's check-backs from the ledger of the service that sent the order.
+
+``python -m tests.faults.producer_worker CONFIG SLOT``: sends orders ``SLOT-<n>`` until the slot's quota (resuming
+after a restart), touches ``<ledger>.done``, then keeps answering check-backs until SIGTERM. The slots listed in
+``oneway_slots`` send with ``oneway_end=True``: ends queued when the process is killed are repaired by check-back."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from redis_txmq import (
+    LocalTransactionState,
+    Message,
+    PrepareError,
+    Settings,
+    TransactionListener,
+    TransactionProducer,
+    TxMQError,
+)
+
+from .ledger import Ledger
+
+logger = logging.getLogger("faults.producer")
+
+BEHAVIOURS = {"commit": 55, "rollback": 15, "unknown_row": 8, "unknown": 7, "raise_row": 8, "raise": 7}
+"""What a local transaction does, with its weight: ``*_row`` ones commit the order row, the others write nothing;
+``unknown*`` answer UNKNOWN, ``raise*`` raise, so that only the check-back can end them."""
+WRITES_ROW = {"commit", "unknown_row", "raise_row"}
+AFTER_COMMIT = 0.05
+"""Seconds a local transaction goes on after its database work: a kill then often falls between a committed row
+and the end call, which only the check-back can repair."""
+
+
+class LocalTransactionFailed(Exception):
+    """What a ``raise*`` local transaction raises."""
+
+
+class OrderService(TransactionListener):
+    """The listener: the order row is the local transaction; the check-back asks the sender's ledger."""
+
+    def __init__(self, ledgers: list[Ledger], slot: int) -> None:
+        self.ledgers = ledgers
+        self.own = ledgers[slot]
+        self.fenced: set[str] = set()
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
+        transaction_id = message.transaction_id or ""
+        properties = dict(message.properties or {})
+        if arg in WRITES_ROW and not self.own.commit_order(transaction_id, properties["order"], message.topic):
+            self.fenced.add(transaction_id)
+            return LocalTransactionState.ROLLBACK
+        time.sleep(AFTER_COMMIT)
+        if arg.startswith("raise"):
+            raise LocalTransactionFailed(arg)
+        return {"commit": LocalTransactionState.COMMIT, "rollback": LocalTransactionState.ROLLBACK}.get(arg)
+
+    def check_local_transaction(self, message: Message) -> LocalTransactionState:
+        owner = self.ledgers[int(dict(message.properties or {})["service"])]
+        committed = owner.decide(message.transaction_id or "")
+        return LocalTransactionState.COMMIT if committed else LocalTransactionState.ROLLBACK
+
+
+def start_producer(
+    group: str, service: OrderService, settings: Settings, oneway_end: bool, stop: threading.Event
+) -> TransactionProducer:
+    """A started producer, retried while Redis cannot be reached."""
+    while True:
+        producer = TransactionProducer(group, service, settings=settings, oneway_end=oneway_end)
+        try:
+            return producer.start()
+        except (TxMQError, redis.RedisError) as exc:
+            logger.warning("producer start failed: %s; retrying", exc)
+            producer.shutdown()
+            if stop.wait(0.2):
+                raise SystemExit(0) from exc
+
+
+def send_orders(
+    producer: TransactionProducer, service: OrderService, config: dict[str, Any], slot: int, stop: threading.Event
+) -> bool:
+    """Send this slot's orders, ``rate`` per second, each behaving as the seed says; journal every send.
+    False if stopped first."""
+    own, topics, interval = service.own, config["topics"], 1.0 / config["rate"]
+    next_at = time.monotonic()
+    for n in range(own.attempts_made(), config["quotas"][slot]):
+        if stop.wait(max(0.0, next_at - time.monotonic())):
+            return False
+        next_at = max(next_at + interval, time.monotonic())
+        choice = random.Random(f"{config['seed']}/{slot}/{n}")
+        behaviour = choice.choices(list(BEHAVIOURS), weights=list(BEHAVIOURS.values()))[0]
+        topic, order_id = choice.choice(topics), f"{slot}-{n}"
+        own.begin_attempt(n, order_id, behaviour)
+        body, properties = json.dumps({"order": order_id}).encode(), {"service": str(slot), "order": order_id}
+        message = Message(topic, body, keys=order_id, properties=properties)
+        try:
+            result = producer.send_message_in_transaction(message, behaviour)
+        except PrepareError:
+            own.finish_attempt(n, None, "prepare_failed")
+            continue
+        except Exception as exc:  # noqa: BLE001 - anything else is a finding: journal it and keep sending
+            logger.exception("order %s: send raised", order_id)
+            own.finish_attempt(n, None, f"raised {type(exc).__name__}")
+            continue
+        outcome = "fenced" if result.transaction_id in service.fenced else result.local_transaction_state.value
+        own.finish_attempt(n, result.transaction_id, outcome + (" end_error" if result.end_error else ""))
+    return True
+
+
+def main(config_path: str, slot_arg: str) -> None:
+    config, slot = json.loads(Path(config_path).read_text()), int(slot_arg)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    ledgers = [Ledger(Path(path)) for path in config["ledgers"]]
+    service = OrderService(ledgers, slot)
+    settings = Settings(redis_url=config["redis_url"], **config["settings"])
+    oneway_end = slot in config["oneway_slots"]
+    producer = start_producer(config["producer_group"], service, settings, oneway_end, stop)
+    logger.info("producer %s started", producer.instance_id)
+    if send_orders(producer, service, config, slot, stop):
+        Path(f"{config['ledgers'][slot]}.done").touch()
+        logger.info("all orders sent; answering check-backs until SIGTERM")
+        stop.wait()
+    producer.shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

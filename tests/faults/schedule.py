@@ -1,0 +1,73 @@
+"""The seeded fault schedule: which fault, on what, for how long, and the pause before the next one."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .harness import System
+
+KINDS = ("reset", "blackhole", "delay", "redis", "producer", "checker", "consumer")
+"""Proxy: reset every connection, blackhole, added latency. Redis: SIGKILL and restart on the same port and data
+directory. Processes: SIGKILL of one producer, checker or consumer, and its restart.
+
+A reset comes while the proxy holds the traffic of the last ``latency`` seconds: commands that reached Redis lose
+their reply, and redis-py's retries of them must change nothing."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    seconds: float
+    """Blackhole or delay duration; for a kill, how long the victim stays down."""
+    latency: float
+    target: int
+    """Index of the process killed (modulo the number of such processes)."""
+    pause: float
+    """Seconds from the end of this fault's injection to the next fault."""
+
+    def describe(self) -> str:
+        if self.kind == "reset":
+            return f"reset every connection, {self.latency * 1000:.0f} ms of traffic in flight"
+        if self.kind == "blackhole":
+            return f"blackhole {self.seconds:.1f} s"
+        if self.kind == "delay":
+            return f"delay {self.latency * 1000:.0f} ms for {self.seconds:.1f} s"
+        if self.kind == "redis":
+            return f"SIGKILL redis, down {self.seconds:.1f} s"
+        return f"SIGKILL {self.kind} #{self.target}, down {self.seconds:.1f} s"
+
+
+def plan(seed: int) -> Iterator[Fault]:
+    """Endless faults from ``seed``: every kind once in a shuffled order, then kinds at random."""
+    rng = random.Random(seed)
+    first = list(KINDS)
+    rng.shuffle(first)
+    while True:
+        kind = first.pop(0) if first else rng.choice(KINDS)
+        seconds = rng.uniform(1.0, 3.0) if kind in ("blackhole", "delay") else rng.uniform(0.1, 1.5)
+        yield Fault(kind, seconds, rng.uniform(0.02, 0.3), rng.randrange(1000), rng.uniform(1.0, 3.0))
+
+
+def inject(fault: Fault, system: System) -> None:
+    """Apply one fault; a kill returns once the victim has been started again."""
+    if fault.kind == "reset":
+        system.proxy.delay(fault.latency, fault.latency * 2)
+        time.sleep(fault.latency)
+        system.proxy.reset_all()
+    elif fault.kind == "blackhole":
+        system.proxy.blackhole(fault.seconds)
+    elif fault.kind == "delay":
+        system.proxy.delay(fault.latency, fault.seconds)
+    elif fault.kind == "redis":
+        system.server.kill()
+        time.sleep(fault.seconds)
+        system.server.start()
+    else:
+        workers = {"producer": system.producers, "checker": system.checkers, "consumer": system.consumers}[fault.kind]
+        victim = workers[fault.target % len(workers)]
+        victim.kill()
+        time.sleep(fault.seconds)
+        victim.start()

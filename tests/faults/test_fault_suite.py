@@ -1,0 +1,123 @@
+"""SPEC §5 under faults. Producer processes of one group send about 1,000 transactions (their local transactions
+commit, roll back, answer UNKNOWN with or without their row, or raise) while the proxy resets, blackholes and
+delays every connection, Redis is SIGKILLed and restarted, and producers, checkers and consumers are SIGKILLed and
+restarted. Then the faults stop and the run settles; the services' ledgers are the ground truth.
+
+``TXMQ_FAULT_SEED`` replays a run's faults and transactions, ``TXMQ_FAULT_TRANSACTIONS`` sets the count,
+``TXMQ_FAULT_RATE`` the pace (transactions per second); ``scripts/fault-soak`` runs a longer one."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import pytest
+import redis
+
+from .harness import System, sizes_from_env
+from .observe import deliveries, ground_truth, leftovers, op_records, topic_entries
+from .schedule import KINDS, inject, plan
+
+SIZES = sizes_from_env()
+SETTLE_SECONDS = 90.0
+"""Faults stopped, how long everything may take to drain: check-backs, takeovers, redeliveries."""
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(max(240, int(120 + 3 * SIZES.transactions / SIZES.rate)))]
+
+
+def run_faults(system: System) -> collections.Counter[str]:
+    """Inject seeded faults until every order is sent and every kind of fault was injected; returns the counts."""
+    applied: collections.Counter[str] = collections.Counter()
+    started = time.monotonic()
+    deadline = started + 60 + 3 * system.sizes.transactions / system.sizes.rate
+    for fault in plan(system.seed):
+        if system.all_sent() and len(applied) == len(KINDS):
+            return applied
+        if time.monotonic() > deadline:
+            pytest.fail(f"seed {system.seed}: the producers did not send their orders in time\n{system.logs()}")
+        print(f"{time.monotonic() - started:6.1f} s  {fault.describe()}")
+        inject(fault, system)
+        applied[fault.kind] += 1
+        pause_until = time.monotonic() + fault.pause
+        while time.monotonic() < pause_until:
+            system.restart_exited()
+            time.sleep(0.1)
+    raise AssertionError("the fault plan is endless")
+
+
+def unsettled(system: System, client: redis.Redis) -> list[str]:
+    """What the run still has under way: empty once it has settled."""
+    what = [] if system.all_sent() else ["producers still sending"]
+    what += [f"{name}: {count}" for name, count in leftovers(client).items() if count]
+    not_received = topic_entries(client).keys() - {d.transaction_id for d in deliveries(system.deliveries)}
+    if not_received:
+        what.append(f"{len(not_received)} committed transactions not received by a consumer yet")
+    return what
+
+
+def settle(system: System, client: redis.Redis) -> None:
+    """Wait until nothing is under way (workers that exit are restarted meanwhile)."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while what := unsettled(system, client):
+        if time.monotonic() > deadline:
+            late = f"not settled {SETTLE_SECONDS:.0f} s after the faults"
+            pytest.fail(f"seed {system.seed}: {late}: {what}\n{system.logs()}")
+        system.restart_exited()
+        time.sleep(0.25)
+
+
+def counted(counter: collections.Counter[str]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in sorted(counter.items())) or "none"
+
+
+def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
+    system: System, fault_report: list[str]
+) -> None:
+    began = time.monotonic()
+    system.start()
+    applied = run_faults(system)
+    sent = time.monotonic()
+    system.proxy.heal()
+    client = system.client()
+    settle(system, client)
+    settled = time.monotonic()
+
+    truth = ground_truth(system.ledgers)
+    entries = topic_entries(client)
+    received = deliveries(system.deliveries)
+    outcomes = sum((ledger.outcomes() for ledger in system.ledgers), collections.Counter[str]())
+    restarts = {w.name: w.starts - 1 for w in system.workers if w.starts > 1}
+    unique = {(d.stream, d.id) for d in received}
+    fault_report += [
+        f"transactions: {sum(outcomes.values())} sent by {system.sizes.producers} producers; "
+        f"send outcomes: {counted(outcomes)}",
+        f"ground truth: {len(truth)} committed orders, {sum(ledger.aborted() for ledger in system.ledgers)} "
+        f"transactions aborted by a check-back; topic streams: {sum(map(len, entries.values()))} entries",
+        f"ends applied (op streams): {counted(op_records(client))}",
+        f"consumers: {len(received)} deliveries of {len(unique)} entries ({len(received) - len(unique)} redeliveries)",
+        f"faults: {counted(applied)}; restarts: {counted(collections.Counter(restarts))}; "
+        f"{system.proxy.connections_made} connections through the proxy",
+        "unexpected exits: "
+        + ("; ".join(f"{e.worker} status {e.status} ({e.last_line})" for e in system.exits) or "none"),
+        f"time: {sent - began:.1f} s sending under faults, {settled - sent:.1f} s settling, "
+        f"{time.monotonic() - began:.1f} s in all",
+    ]
+
+    seed = f"seed {system.seed}"
+    twice = {tx: found for tx, found in entries.items() if len(found) > 1}
+    assert not twice, f"{seed}: transactions appended more than once: {twice}"
+    missing = truth.keys() - entries.keys()
+    assert not missing, f"{seed}: committed orders missing from the topic streams: {sorted(missing)}"
+    phantoms = entries.keys() - truth.keys()
+    assert not phantoms, f"{seed}: visible transactions without a committed order: {sorted(phantoms)}"
+    misplaced = {tx for tx, (entry, *_) in entries.items() if entry.topic != truth[tx]}
+    assert not misplaced, f"{seed}: transactions in another topic than their order's: {sorted(misplaced)}"
+    by_entry = {(entry.stream, entry.id): tx for tx, found in entries.items() for entry in found}
+    strays = [d for d in received if by_entry.get((d.stream, d.id)) != d.transaction_id]
+    assert not strays, f"{seed}: deliveries that are not topic stream entries: {strays[:20]}"
+    assert not entries.keys() - {d.transaction_id for d in received}, f"{seed}: committed but never received"
+    raised = {outcome: count for outcome, count in outcomes.items() if outcome.startswith("raised")}
+    assert not raised, f"{seed}: sends raised something else than PrepareError (see the producers' logs): {raised}"
+    left = {name: count for name, count in leftovers(client).items() if count}
+    assert not left, f"{seed}: left in flight, unanswered or dead-lettered: {left}"
+    client.close()
