@@ -66,13 +66,17 @@ class OrderDatabase:
     def __init__(self) -> None:
         self.db = sqlite3.connect(":memory:", check_same_thread=False)
         self.db.execute("CREATE TABLE orders (order_id INTEGER PRIMARY KEY, amount REAL, transaction_id TEXT)")
+        self.db.execute("CREATE TABLE aborted (transaction_id TEXT PRIMARY KEY)")
         self.lock = threading.Lock()
 
     def save(self, order: dict[str, Any], transaction_id: str) -> bool:
-        """Insert the order in one local transaction; False (rolled back) when it is invalid."""
+        """Insert the order in one local transaction; False (rolled back) when it is invalid or a check-back already
+        declared its transaction rolled back."""
         with self.lock:
             try:
                 with self.db:
+                    if self.db.execute("SELECT 1 FROM aborted WHERE transaction_id = ?", (transaction_id,)).fetchone():
+                        raise ValueError(f"transaction {transaction_id} was rolled back by a check-back")
                     self.db.execute(
                         "INSERT INTO orders VALUES (?, ?, ?)", (order["order_id"], order["amount"], transaction_id)
                     )
@@ -82,10 +86,15 @@ class OrderDatabase:
                 return False
         return True
 
-    def has_transaction(self, transaction_id: str | None) -> bool:
-        with self.lock:
-            row = self.db.execute("SELECT 1 FROM orders WHERE transaction_id = ?", (transaction_id,)).fetchone()
-        return row is not None
+    def committed(self, transaction_id: str | None) -> bool:
+        """Whether the transaction's order is saved. When it is not, the transaction is marked aborted in the same
+        step, so a local transaction still running can no longer save it: a check-back that answers ROLLBACK must
+        not race a local transaction that would commit a moment later."""
+        with self.lock, self.db:
+            if self.db.execute("SELECT 1 FROM orders WHERE transaction_id = ?", (transaction_id,)).fetchone():
+                return True
+            self.db.execute("INSERT OR IGNORE INTO aborted VALUES (?)", (transaction_id,))
+            return False
 
 
 class OrderListener(TransactionListener):
@@ -108,8 +117,7 @@ class OrderListener(TransactionListener):
 
 
 def _decision(database: OrderDatabase, transaction_id: str | None) -> LocalTransactionState:
-    found = database.has_transaction(transaction_id)
-    return LocalTransactionState.COMMIT if found else LocalTransactionState.ROLLBACK
+    return LocalTransactionState.COMMIT if database.committed(transaction_id) else LocalTransactionState.ROLLBACK
 
 
 @dataclass
