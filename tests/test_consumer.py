@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -179,17 +181,28 @@ def test_dead_consumer_is_forgotten_once_its_entries_were_claimed(client):
     assert client.xpending("orders", "billing")["pending"] == 0
 
 
+@contextlib.contextmanager
+def running(c: Consumer) -> Iterator[list[bytes]]:
+    """``c.run`` in a thread, collecting the bodies it handled; it must still run at the end of the block."""
+    handled: list[bytes] = []
+    worker = threading.Thread(target=c.run, args=(lambda m: handled.append(m.body),))
+    worker.start()
+    try:
+        yield handled
+        assert worker.is_alive(), "run() ended instead of riding it out"
+    finally:
+        c.close()
+        worker.join(timeout=10)
+    assert not worker.is_alive()
+
+
 def blocked_readers(client):
     return [c for c in client.client_list() if c["cmd"] == "xreadgroup" and "b" in c["flags"]]
 
 
 def test_run_survives_dropped_connections(real_client, redis_url, caplog):
     caplog.set_level(logging.INFO, logger="redis_txmq.consumer")
-    c = Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.2)
-    handled = []
-    worker = threading.Thread(target=c.run, args=(lambda m: handled.append(m.body),))
-    worker.start()
-    try:
+    with running(Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.2)) as handled:
         send(real_client, [COMMIT])
         wait_until(lambda: handled == [b"m0"])
         killed = set()
@@ -200,11 +213,6 @@ def test_run_survives_dropped_connections(real_client, redis_url, caplog):
                 killed.add(reader["id"])
         send(real_client, [COMMIT, COMMIT], first=1)
         wait_until(lambda: len(handled) == 3)
-        assert worker.is_alive()
-    finally:
-        c.close()
-        worker.join(timeout=10)
-    assert not worker.is_alive()
     assert handled == [b"m0", b"m1", b"m2"]
     assert real_client.xpending("orders", "billing")["pending"] == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -213,22 +221,13 @@ def test_run_survives_dropped_connections(real_client, redis_url, caplog):
 
 def test_run_goes_on_after_redis_lost_its_data(real_client, redis_url, caplog):
     caplog.set_level(logging.INFO, logger="redis_txmq.consumer")
-    c = Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.05, min_idle_time=0.2)
-    handled = []
-    worker = threading.Thread(target=c.run, args=(lambda m: handled.append(m.body),))
-    worker.start()
-    try:
+    with running(Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.05, min_idle_time=0.2)) as handled:
         send(real_client, [COMMIT])
         wait_until(lambda: handled == [b"m0"])
         real_client.flushall()
         wait_until(lambda: real_client.exists("orders") and real_client.xinfo_groups("orders"))
         send(real_client, [COMMIT, ROLLBACK, COMMIT], first=1)
         wait_until(lambda: len(handled) == 3)
-        assert worker.is_alive()
-    finally:
-        c.close()
-        worker.join(timeout=10)
-    assert not worker.is_alive()
     assert handled == [b"m0", b"m1", b"m3"]
     assert real_client.xpending("orders", "billing")["pending"] == 0
     assert any("recreat" in r.getMessage() and "billing" in r.getMessage() for r in caplog.records)
