@@ -26,7 +26,7 @@ from rich.table import Table
 
 from . import __version__
 from .config import Settings
-from .connection import REDIS_ERRORS, connect, redact_url
+from .connection import REDIS_ERRORS, connect, instance_id, redact_url
 from .errors import ConfigurationError, TxMQConnectionError, TxMQError
 from .groups import Backoff
 
@@ -383,15 +383,16 @@ def checker(
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    instance = instance_id("checker")
     console.print(
-        f"checker on {_shown(settings.redis_url)}: "
+        f"checker {instance} on {_shown(settings.redis_url)}: "
         f"transaction_timeout={settings.transaction_timeout}s check_interval={settings.check_interval}s "
         f"check_max={settings.check_max} max_age={settings.max_age}s",
         highlight=False,
     )
     client = _client_once_reachable(settings, stop)
     if client is not None:
-        Checker(client, settings, batch_size=batch_size, metrics=metrics).run(stop)
+        Checker(client, settings, instance_id=instance, batch_size=batch_size, metrics=metrics).run(stop)
 
 
 def _client_once_reachable(settings: Settings, stop: threading.Event) -> Any:
