@@ -3,7 +3,11 @@ dead-letter commands."""
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import redis
@@ -14,7 +18,7 @@ from checker import Checker
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, __version__
 from redis_txmq.cli import _run_checker, main
 from redis_txmq.demo import run_demo
-from redis_txmq.embedded import EmbeddedRedis
+from redis_txmq.embedded import EmbeddedRedis, free_port
 from redis_txmq.keys import TopicKeys
 from tests.helpers import ScriptedListener, wait_until
 
@@ -205,3 +209,23 @@ def test_dead_list_shows_whole_ids_and_commands_take_a_unique_prefix(real_client
 def test_dead_topic_is_validated(real_client, redis_url, command):
     line = error_line(CliRunner().invoke(main, [*command, "--topic", "{orders}", "--redis-url", redis_url]))
     assert "invalid topic name '{orders}'" in line
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
+def test_checker_waits_for_an_unreachable_redis_instead_of_exiting(tmp_path, cluster):
+    """`txmq checker` started while Redis (or every cluster node) is down logs and retries until stopped; SIGTERM
+    then ends it with status 0, not a crash a supervisor would have to loop on."""
+    txmq = str(Path(sys.executable).with_name("txmq"))
+    args = [txmq, "checker", "--redis-url", f"redis://127.0.0.1:{free_port()}/0"] + (["--cluster"] if cluster else [])
+    log = tmp_path / "checker.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: log.read_text().count("retrying") >= 2, timeout=20)
+            assert process.poll() is None, log.read_text()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(15) == 0, log.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert "Traceback" not in log.read_text()
