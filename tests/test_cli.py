@@ -65,13 +65,6 @@ def test_consumer_from_url_reads_demo_data(real_client, redis_url):
 # ------------------------------------------------------------------------------------ every failure is one line
 
 
-def free_port() -> int:
-    """A port nobody listens on: bound to find it, then closed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def error_line(result: Result) -> str:
     """The one line a failed command prints: ``error: ...`` on stderr, a non-zero status, no traceback."""
     assert result.exit_code not in (0, None), result.output
