@@ -1,0 +1,1 @@
+"""redis-txmq for asyncio services, mirroring the sync API the way ``redis.asyncio`` mirrors ``redis``."""
