@@ -21,7 +21,7 @@ import redis
 
 from redis_txmq import entries
 from redis_txmq.admin import registered_topics
-from redis_txmq.broker import DueCheck, EndCall, EndResult, EndSource, RedisBroker
+from redis_txmq.broker import RedisBroker
 from redis_txmq.config import Settings
 from redis_txmq.connection import REDIS_ERRORS
 from redis_txmq.connection import instance_id as new_instance_id
@@ -38,6 +38,7 @@ from redis_txmq.keys import (
     topic_keys_of_stream,
 )
 from redis_txmq.message import LocalTransactionState
+from redis_txmq.protocol import DueCheck, EndCall, EndResult, EndSource
 
 from .metrics import CheckerMetrics
 

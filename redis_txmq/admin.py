@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from . import entries
-from .broker import DeadAction, EndResult, RedisBroker
+from .broker import RedisBroker
 from .errors import TransactionNotFoundError
 from .keys import (
     CHECKER_INSTANCES,
@@ -17,6 +17,7 @@ from .keys import (
     topic_keys_of_stream,
 )
 from .message import validate_name
+from .protocol import DeadAction, EndResult
 
 logger = logging.getLogger(__name__)
 

@@ -487,7 +487,7 @@ def dead_list(redis_url: str | None, cluster: bool | None, topic: str | None, as
 
 
 def _dead_action(name: str, help_text: str) -> None:
-    from .broker import DeadAction
+    from .protocol import DeadAction
 
     action = DeadAction(name.upper())
 

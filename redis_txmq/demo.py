@@ -25,13 +25,14 @@ from rich.console import Console
 from rich.table import Table
 
 from .admin import forget_producer_group
-from .broker import EndSource, RedisBroker
+from .broker import RedisBroker
 from .config import Settings
 from .consumer import Consumer
 from .keys import TopicKeys
 from .listener import TransactionListener
 from .message import LocalTransactionState, Message, TransactionSendResult
 from .producer import TransactionProducer
+from .protocol import EndSource
 from .topics import partition_keys
 
 logger = logging.getLogger(__name__)

@@ -14,9 +14,10 @@ import os
 import threading
 import time
 
-from .broker import EndCall, RedisBroker
+from .broker import RedisBroker
 from .config import Settings
 from .errors import ProducerStateError, TxMQError
+from .protocol import EndCall
 
 logger = logging.getLogger(__name__)
 

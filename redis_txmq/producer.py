@@ -8,7 +8,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from .broker import EndCall, EndSource, RedisBroker
+from .broker import RedisBroker
 from .check_handler import CheckRequestHandler
 from .config import Settings
 from .connection import REDIS_ERRORS, instance_id, resolve_client
@@ -30,6 +30,7 @@ from .message import (
     validate_name,
 )
 from .oneway import EndFlusher
+from .protocol import EndCall, EndSource
 from .topics import PartitionRouter, restore_partitions
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,275 @@
+"""The transaction protocol without I/O: what the scripts are sent and how their replies are read.
+
+The sync :class:`redis_txmq.broker.RedisBroker` and the asyncio :class:`redis_txmq.asyncio.broker.AsyncRedisBroker`
+only do the I/O; arguments, reply parsing, error mapping and the results live here, once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from . import entries
+from .config import Settings
+from .errors import (
+    CorruptEntryError,
+    PrepareError,
+    ProducerGroupMismatchError,
+    TransactionConflictError,
+    TransactionDeadLetteredError,
+    TransactionError,
+    TransactionNotFoundError,
+    TxMQConnectionError,
+    TxMQError,
+)
+from .keys import PRODUCERS_CONSUMER_GROUP, GroupKeys, TopicKeys
+from .message import LocalTransactionState, Message
+
+
+class EndSource(str, enum.Enum):
+    """Who ended a transaction; kept in the op record."""
+
+    PRODUCER = "producer"
+    CHECKER = "checker"
+    OPERATOR = "operator"
+
+
+@dataclass(slots=True)
+class PrepareResult:
+    half_id: str
+    state: str
+    duplicate: bool
+
+
+@dataclass(slots=True)
+class EndResult:
+    """``state`` is PREPARED (UNKNOWN recorded), COMMIT or ROLLBACK; ``applied`` is False for a repeat.
+    ``check_request`` is the pending check request the end retired ('' for none); the broker deletes it."""
+
+    state: str
+    half_id: str
+    committed_id: str | None
+    applied: bool
+    check_request: str = ""
+
+
+@dataclass(slots=True)
+class EndCall:
+    """One end of a transaction, as queued by a one-way producer or applied from a check answer.
+
+    Not frozen: these are made per send, and a frozen dataclass costs five times as much to build."""
+
+    keys: TopicKeys
+    transaction_id: str
+    producer_group: str
+    outcome: LocalTransactionState
+    source: EndSource
+    remark: str | None = None
+    half_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DueCheck:
+    """A transaction the checker claimed for a check-back; ``fields`` are its half message's fields;
+    ``previous_request`` is its check request still pending from an earlier check ('' for none)."""
+
+    transaction_id: str
+    half_id: str
+    check_times: int
+    fields: dict[str, bytes]
+    previous_request: str = ""
+
+    @property
+    def producer_group(self) -> str:
+        return entries.text(self.fields.get(entries.PRODUCER_GROUP)) or ""
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    to_check: list[DueCheck]
+    dead_lettered: list[tuple[str, str]]
+    abandoned_requests: list[tuple[str, str]] = field(default_factory=list)
+    """``(producer group, request id)`` of the check requests of the dead-lettered transactions."""
+
+
+class DeadAction(str, enum.Enum):
+    """An operator's decision on a dead-lettered transaction."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    RECHECK = "RECHECK"
+
+
+ERRORS: dict[str, tuple[type[TransactionError], str]] = {
+    "NOT_FOUND": (TransactionNotFoundError, "check the topic and transaction id"),
+    "CONFLICT": (TransactionConflictError, "an end decides once; the first outcome stands"),
+    "GROUP_MISMATCH": (ProducerGroupMismatchError, "end it from a producer of the group that sent it"),
+    "DEAD": (TransactionDeadLetteredError, "resolve it with `txmq dead commit|rollback|recheck`"),
+    "NOT_DEAD": (TransactionError, "wait for the check-back, or end it from a producer of its group"),
+}
+
+
+
+def prepare_args(message: Message, transaction_id: str, producer_group: str, keys: TopicKeys) -> list[Any]:
+    """ARGV of ``lua/prepare_half.lua``."""
+    return entries.prepare_args(message, transaction_id, producer_group, keys.partition)
+
+
+def prepare_call_error(exc: Exception, message: Message, transaction_id: str) -> PrepareError:
+    return PrepareError(
+        f"topic {message.topic!r}, transaction {transaction_id}: could not write the half message "
+        f"({exc}); the local transaction was not run, retry the send"
+    )
+
+
+def prepare_result(reply: Any, message: Message, transaction_id: str) -> PrepareResult:
+    status, first, second, third = reply_strings(reply, 4)
+    if status != "OK":
+        raise PrepareError(f"topic {message.topic!r}, transaction {transaction_id}: prepare refused: {first} {second}")
+    return PrepareResult(half_id=first, state=second, duplicate=third == "DUPLICATE")
+
+
+def end_args(end: EndCall, settings: Settings) -> list[Any]:
+    """ARGV of ``lua/end_transaction.lua``."""
+    return [
+        end.transaction_id,
+        end.producer_group,
+        LocalTransactionState(end.outcome).value,
+        end.source.value,
+        end.remark or "",
+        int(settings.dedupe_window * 1000),
+        settings.op_stream_maxlen,
+        end.half_id or "",
+    ]
+
+
+def end_results(ends: list[EndCall], replies: list[Any]) -> list[EndResult | TxMQError]:
+    """The result (or the error) of each end of a pipeline, in order."""
+    results: list[EndResult | TxMQError] = []
+    for end, reply in zip(ends, replies, strict=True):
+        if isinstance(reply, redis.RedisError):
+            results.append(end_call_error(reply, end.keys, end.transaction_id))
+            continue
+        try:
+            results.append(end_result(reply, end.keys, end.transaction_id))
+        except TxMQError as exc:
+            results.append(exc)
+    return results
+
+
+def batch_error(count: int, exc: Exception) -> TxMQConnectionError:
+    return TxMQConnectionError(f"{count} end calls failed ({exc}); the check-back will resolve those transactions")
+
+
+def retired_requests(ends: list[EndCall], results: list[EndResult | TxMQError]) -> list[tuple[str, str]]:
+    """``(producer group, request id)`` of the check requests the ends retired: the caller deletes them."""
+    return [
+        (end.producer_group, result.check_request)
+        for end, result in zip(ends, results, strict=True)
+        if isinstance(result, EndResult) and result.check_request
+    ]
+
+
+def queue_drop_check_requests(pipe: Any, requests: list[tuple[str, str]]) -> None:
+    """Queue on a (sync or asyncio) pipeline the deletion of check requests whose transaction ended."""
+    for group, request_id in requests:
+        stream = GroupKeys(group).check_requests
+        pipe.xack(stream, PRODUCERS_CONSUMER_GROUP, request_id)
+        pipe.xdel(stream, request_id)
+
+
+def dead_resolve_args(transaction_id: str, action: DeadAction, remark: str, settings: Settings) -> list[Any]:
+    """ARGV of ``lua/dead_resolve.lua``."""
+    return [
+        transaction_id,
+        DeadAction(action).value,
+        int(settings.dedupe_window * 1000),
+        settings.op_stream_maxlen,
+        remark,
+    ]
+
+
+def claim_args(settings: Settings, limit: int) -> list[Any]:
+    """ARGV of ``lua/claim_checks.lua``."""
+    return [
+        int(settings.transaction_timeout * 1000),
+        int(settings.check_interval * 1000),
+        settings.check_max,
+        int(settings.max_age * 1000),
+        limit,
+        int(settings.dedupe_window * 1000),
+    ]
+
+
+def claim_result(reply: Any, keys: TopicKeys) -> ClaimResult:
+    if entries.text(reply[0]) != "OK":
+        raise TxMQError(f"topic {keys.topic!r}: claim_checks refused: {reply_strings(reply, 3)[1:]}")
+    text = entries.text
+    to_check = [
+        DueCheck(
+            transaction_id=text(txid) or "",
+            half_id=text(half_id) or "",
+            check_times=int(check_times),
+            fields=entries.field_map(flat),
+            previous_request=text(previous) or "",
+        )
+        for txid, half_id, check_times, flat, previous in reply[1]
+    ]
+    dead = [(text(txid) or "", text(reason) or "") for txid, reason, _, _ in reply[2]]
+    abandoned = [(text(group) or "", text(request) or "") for _, _, group, request in reply[2] if text(request)]
+    return ClaimResult(to_check, dead, [(g, r) for g, r in abandoned if g])
+
+
+def note_requests_result(reply: Any, keys: TopicKeys) -> list[str]:
+    if entries.text(reply[0]) != "OK":
+        raise TxMQError(f"topic {keys.topic!r}: note_requests refused: {reply_strings(reply, 3)[1:]}")
+    return [entries.text(request_id) or "" for request_id in reply[1]]
+
+
+def sweep_result(reply: Any) -> tuple[str, list[tuple[str, str]]]:
+    buried = [(entries.text(entry_id) or "", entries.text(reason) or "") for entry_id, reason in reply[2]]
+    return entries.text(reply[1]) or "0-0", buried
+
+
+def script_call_error(exc: Exception, keys: TopicKeys, what: str, transaction_id: str = "") -> TxMQConnectionError:
+    tx = f", transaction {transaction_id}" if transaction_id else ""
+    return TxMQConnectionError(f"topic {keys.topic!r}{tx}: {what} failed: {exc}")
+
+
+def end_call_error(exc: Exception, keys: TopicKeys, transaction_id: str) -> TxMQError:
+    where = f"topic {keys.topic!r}, transaction {transaction_id}"
+    if isinstance(exc, redis.ResponseError):
+        return TxMQError(f"{where}: the end script failed ({exc}); the transaction is still in flight")
+    return TxMQConnectionError(f"{where}: end call failed ({exc}); the check-back will resolve it")
+
+
+def end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
+    """Map an end-like script reply to an :class:`EndResult` or the matching :class:`TransactionError`."""
+    if type(reply) is list and len(reply) == 6 and reply[0] == b"OK":  # the common case, decoded without a detour
+        committed, request = reply[3], reply[5]
+        return EndResult(
+            reply[1].decode(),
+            reply[2].decode(),
+            committed.decode() or None,
+            reply[4] == b"APPLIED",
+            request.decode() if request else "",
+        )
+    status, first, second, third, fourth, fifth = reply_strings(reply, 6)
+    if status == "OK":
+        return EndResult(first, second, third or None, fourth == "APPLIED", fifth)
+    where = f"topic {keys.topic!r}, transaction {transaction_id}"
+    if first in ("CORRUPT", "WRONGTYPE"):
+        raise CorruptEntryError(f"{where}: {second}")
+    if first not in ERRORS:
+        raise TxMQError(f"{where}: refused: {first} {second}")
+    error, advice = ERRORS[first]
+    raise error(f"{where}: {second}; {advice}", topic=keys.topic, transaction_id=transaction_id)
+
+
+def reply_strings(reply: Any, width: int) -> list[str]:
+    # On the send path: decode inline rather than through entries.text for each value.
+    values = [v.decode("utf-8", "replace") if type(v) is bytes else ("" if v is None else str(v)) for v in reply]
+    return values + [""] * (width - len(values))
