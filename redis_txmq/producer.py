@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -13,9 +13,6 @@ from .check_handler import CheckRequestHandler
 from .config import Settings
 from .connection import REDIS_ERRORS, instance_id, resolve_client
 from .errors import (
-    ConfigurationError,
-    InvalidMessageError,
-    PrepareError,
     ProducerStateError,
     TxMQConnectionError,
     TxMQError,
@@ -25,13 +22,13 @@ from .listener import TransactionListener, local_state
 from .message import (
     LocalTransactionState,
     Message,
-    SendStatus,
     TransactionSendResult,
     validate_name,
 )
 from .oneway import EndFlusher
-from .protocol import EndCall, EndSource
+from .sending import CheckerListener, InFlight, listener_of, new_send, routing_error
 from .topics import PartitionRouter, restore_partitions
+from .transaction import Transaction
 
 logger = logging.getLogger(__name__)
 
@@ -59,24 +56,21 @@ class TransactionProducer:
     def __init__(
         self,
         producer_group: str,
-        listener: TransactionListener,
+        listener: TransactionListener | None = None,
         *,
+        checker: Callable[[Message], LocalTransactionState | None] | None = None,
         redis_url: str | None = None,
         client: Any = None,
         settings: Settings | None = None,
         oneway_end: bool = False,
     ) -> None:
         self.producer_group = validate_name(producer_group, "producer group")
-        if not isinstance(listener, TransactionListener):
-            raise ConfigurationError(
-                f"producer group {producer_group!r}: listener must be a TransactionListener, got {listener!r}"
-            )
-        self.listener = listener
+        self.listener: TransactionListener = listener_of(producer_group, listener, checker)  # type: ignore[assignment]
         self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings)
         self.broker = RedisBroker(self.client, self.settings)
         self.instance_id = instance_id("producer")
         self._check_handler = CheckRequestHandler(
-            self.client, self.producer_group, listener, self.settings, self.instance_id, self._registrations
+            self.client, self.producer_group, self.listener, self.settings, self.instance_id, self._registrations
         )
         self._router = PartitionRouter(self.client)
         self.oneway_end = oneway_end
@@ -163,58 +157,51 @@ class TransactionProducer:
         did not run). Once the local transaction has run, the result is always returned: a failed end call is
         logged and reported in ``end_error``, and the check-back resolves the transaction.
         """
+        if isinstance(self.listener, CheckerListener):
+            self.listener.execute_local_transaction(message, arg)
+        tx = self._prepare(message)
+        state, remark = local_state(
+            lambda: self.listener.execute_local_transaction(tx.message, arg), tx.message, "local transaction"
+        )
+        return self._end(tx, state, remark)
+
+    def transaction(self, message: Message) -> Transaction:
+        """A transaction handle: ``with producer.transaction(message) as tx:`` writes the half message, the block
+        is the local transaction (store ``tx.transaction_id`` with its data), and leaving it commits — or rolls
+        back when the block raised. The check-back asks the listener's ``check_local_transaction`` (or ``checker``).
+        """
+        return Transaction(self, message)
+
+    def _prepare(self, message: Message) -> InFlight:
         if self._state != _State.RUNNING:
             raise ProducerStateError(
                 f"producer group {self.producer_group!r}: call start() (or use `with`) before sending"
             )
-        if not isinstance(message, Message):
-            raise InvalidMessageError(
-                f"producer group {self.producer_group!r}: expected a redis_txmq.Message, got {type(message).__name__}"
-            )
-        transaction_id = os.urandom(16).hex()
-        sent = message.copy_for_send(transaction_id)
-        sent.validate(self.settings.max_message_size)
+        sent = new_send(self.producer_group, message, self.settings.max_message_size)
         try:
             keys = self._router.keys_for(sent)
         except REDIS_ERRORS as exc:
-            raise PrepareError(
-                f"topic {sent.topic!r}: could not read the topic's partitions ({exc}); nothing was written, "
-                "retry the send"
-            ) from exc
-        prepared = self.broker.prepare_half(keys, sent, transaction_id, self.producer_group)
-        if prepared.state != "PREPARED":
-            raise PrepareError(
-                f"topic {sent.topic!r}, transaction {transaction_id}: id already used ({prepared.state})"
+            raise routing_error(sent, exc) from exc
+        prepared = self.broker.prepare_half(keys, sent, sent.transaction_id or "", self.producer_group)
+        return InFlight.of(prepared, keys, sent, self.producer_group)
+
+    def _end(self, tx: InFlight, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
+        end = tx.end_call(state, remark)
+        if end is None:
+            return tx.result(state, remark)
+        try:
+            if self._flusher is not None:
+                self._flusher.submit(end)
+                return tx.result(state, remark, end_queued=True)
+            ended = self.broker.end_transaction(
+                end.keys,
+                end.transaction_id,
+                end.producer_group,
+                state,
+                source=end.source,
+                remark=remark,
+                half_id=end.half_id,
             )
-        state, remark = local_state(
-            lambda: self.listener.execute_local_transaction(sent, arg), sent, "local transaction"
-        )
-        committed_id: str | None = None
-        end_error: str | None = None
-        end_queued = False
-        if state is not LocalTransactionState.UNKNOWN or remark:
-            group, half_id, source = self.producer_group, prepared.half_id, EndSource.PRODUCER
-            try:
-                if self._flusher is not None:
-                    self._flusher.submit(EndCall(keys, transaction_id, group, state, source, remark, half_id))
-                    end_queued = True
-                else:
-                    committed_id = self.broker.end_transaction(
-                        keys, transaction_id, group, state, source=source, remark=remark, half_id=half_id
-                    ).committed_id
-            except TxMQError as exc:
-                end_error = str(exc)
-                logger.warning("tx=%s topic=%s end %s failed: %s", transaction_id, sent.topic, state.value, exc)
-        logger.debug("tx=%s topic=%s half=%s state=%s", transaction_id, sent.topic, prepared.half_id, state.value)
-        return TransactionSendResult(
-            transaction_id=transaction_id,
-            topic=sent.topic,
-            partition=keys.partition,
-            half_id=prepared.half_id,
-            local_transaction_state=state,
-            send_status=SendStatus.SEND_OK,
-            committed_id=committed_id,
-            remark=remark,
-            end_error=end_error,
-            end_queued=end_queued,
-        )
+            return tx.result(state, remark, committed_id=ended.committed_id)
+        except TxMQError as exc:
+            return tx.result(state, remark, end_error=tx.end_failed(state, exc))

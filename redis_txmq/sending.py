@@ -1,0 +1,167 @@
+"""One send, without I/O: the steps the sync and the asyncio producer take in the same order, and what a
+transaction handle decides when its block ends. The producers only do the I/O between these steps."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigurationError, InvalidMessageError, PrepareError, TxMQError
+from .keys import TopicKeys
+from .listener import TransactionListener
+from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult
+from .protocol import EndCall, EndSource, PrepareResult
+
+logger = logging.getLogger(__name__)
+
+
+def new_send(producer_group: str, message: Message, max_message_size: int) -> Message:
+    """The send's own copy of ``message``, with a new transaction id, validated: nothing is written for a refused
+    message, and the caller's object is never changed."""
+    if not isinstance(message, Message):
+        raise InvalidMessageError(
+            f"producer group {producer_group!r}: expected a redis_txmq.Message, got {type(message).__name__}"
+        )
+    sent = message.copy_for_send(os.urandom(16).hex())
+    sent.validate(max_message_size)
+    return sent
+
+
+def routing_error(message: Message, exc: Exception) -> PrepareError:
+    return PrepareError(
+        f"topic {message.topic!r}: could not read the topic's partitions ({exc}); nothing was written, retry the send"
+    )
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A transaction whose half message is written: what its end call and its result are made of."""
+
+    keys: TopicKeys
+    message: Message
+    producer_group: str
+    half_id: str
+
+    @classmethod
+    def of(cls, prepared: PrepareResult, keys: TopicKeys, message: Message, producer_group: str) -> InFlight:
+        if prepared.state != "PREPARED":
+            raise PrepareError(
+                f"topic {message.topic!r}, transaction {message.transaction_id}: id already used ({prepared.state})"
+            )
+        return cls(keys, message, producer_group, prepared.half_id)
+
+    @property
+    def transaction_id(self) -> str:
+        return self.message.transaction_id or ""
+
+    def end_call(self, state: LocalTransactionState, remark: str | None) -> EndCall | None:
+        """The end to send; None for UNKNOWN without a remark (nothing to record: the check-back decides)."""
+        if state is LocalTransactionState.UNKNOWN and not remark:
+            return None
+        return EndCall(
+            self.keys, self.transaction_id, self.producer_group, state, EndSource.PRODUCER, remark, self.half_id
+        )
+
+    def end_failed(self, state: LocalTransactionState, exc: TxMQError) -> str:
+        logger.warning("tx=%s topic=%s end %s failed: %s", self.transaction_id, self.message.topic, state.value, exc)
+        return str(exc)
+
+    def result(
+        self,
+        state: LocalTransactionState,
+        remark: str | None,
+        *,
+        committed_id: str | None = None,
+        end_error: str | None = None,
+        end_queued: bool = False,
+    ) -> TransactionSendResult:
+        logger.debug("tx=%s topic=%s half=%s state=%s", self.transaction_id, self.message.topic, self.half_id, state)
+        return TransactionSendResult(
+            transaction_id=self.transaction_id,
+            topic=self.message.topic,
+            partition=self.keys.partition,
+            half_id=self.half_id,
+            local_transaction_state=state,
+            send_status=SendStatus.SEND_OK,
+            committed_id=committed_id,
+            remark=remark,
+            end_error=end_error,
+            end_queued=end_queued,
+        )
+
+
+def outcome_of_block(exc_type: type[BaseException] | None) -> LocalTransactionState:
+    """What leaving a transaction handle's block decides: COMMIT when it ended normally, ROLLBACK when it raised an
+    exception, UNKNOWN (no end call: the check-back asks the listener) when it was cancelled or interrupted
+    (``CancelledError``, ``KeyboardInterrupt``...): the local transaction may have committed, never guess."""
+    if exc_type is None:
+        return LocalTransactionState.COMMIT
+    if issubclass(exc_type, Exception):
+        return LocalTransactionState.ROLLBACK
+    return LocalTransactionState.UNKNOWN
+
+
+class HandleState:
+    """The part of a transaction handle that is not I/O: the in-flight transaction, and ending it once."""
+
+    def __init__(self, message: Message) -> None:
+        self._message = message
+        self._in_flight: InFlight | None = None
+        self.result: TransactionSendResult | None = None
+        """The send result, once the transaction was ended (or left to the check-back)."""
+
+    @property
+    def in_flight(self) -> InFlight:
+        if self._in_flight is None:
+            raise ConfigurationError(
+                f"topic {self._message.topic!r}: the transaction starts when its block is entered "
+                "(`with producer.transaction(message) as tx:`)"
+            )
+        return self._in_flight
+
+    @property
+    def transaction_id(self) -> str:
+        """The id to store with the local transaction's data, so that a check-back can find it."""
+        return self.in_flight.transaction_id
+
+    @property
+    def message(self) -> Message:
+        """The transaction's own copy of the message, with ``transaction_id`` set."""
+        return self.in_flight.message
+
+    @property
+    def ended(self) -> bool:
+        return self.result is not None
+
+
+class CheckerListener(TransactionListener):
+    """The listener of a producer used only through transaction handles: a check-back calls ``checker``."""
+
+    def __init__(self, checker: object) -> None:
+        if not callable(checker):
+            raise ConfigurationError(f"checker must be a callable taking a Message, got {checker!r}")
+        self.checker = checker
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState | None:
+        raise ConfigurationError(
+            f"topic {message.topic!r}: this producer has no listener; use producer.transaction(message), or make it "
+            "with a TransactionListener to call send_message_in_transaction"
+        )
+
+    def check_local_transaction(self, message: Message) -> LocalTransactionState | None:
+        return self.checker(message)  # type: ignore[operator]
+
+
+def listener_of(producer_group: str, listener: object, checker: object, base: type = TransactionListener) -> object:
+    """The producer's listener: the one given, or a :class:`CheckerListener` around ``checker``."""
+    if listener is not None and checker is not None:
+        raise ConfigurationError(f"producer group {producer_group!r}: pass a listener or a checker, not both")
+    if checker is not None:
+        return CheckerListener(checker)
+    if not isinstance(listener, base):
+        raise ConfigurationError(
+            f"producer group {producer_group!r}: listener must be a TransactionListener (or pass checker= for a "
+            f"producer used only through transaction handles), got {listener!r}"
+        )
+    return listener

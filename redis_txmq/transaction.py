@@ -1,0 +1,52 @@
+"""The transaction handle (RocketMQ 5.x's ``Transaction``): the local transaction is the body of a ``with`` block.
+
+    with producer.transaction(Message("orders", body, keys="order-1")) as tx:   # the half message is written
+        db.insert_order(order, transaction_id=tx.transaction_id)
+    # the block ended normally: COMMIT; it raised: ROLLBACK, and the exception goes on; tx.result after
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from .message import LocalTransactionState, Message, TransactionSendResult
+from .sending import HandleState, outcome_of_block
+
+if TYPE_CHECKING:
+    from .producer import TransactionProducer
+
+
+class Transaction(HandleState):
+    """One transaction of a sync producer. Entering the block writes the half message (:class:`PrepareError` if it
+    cannot: the block does not run); leaving it commits, or rolls back when it raised, or leaves the transaction to
+    the check-back when it was interrupted (``KeyboardInterrupt``). :meth:`commit` / :meth:`rollback` end it early;
+    :attr:`result` is the send result once ended."""
+
+    def __init__(self, producer: TransactionProducer, message: Message) -> None:
+        super().__init__(message)
+        self._producer = producer
+
+    def __enter__(self) -> Transaction:
+        self._in_flight = self._producer._prepare(self._message)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.ended and self._in_flight is not None:
+            remark = f"the block raised {exc_type.__name__}: {exc}" if exc_type and exc else None
+            self._end(outcome_of_block(exc_type), remark if exc_type and issubclass(exc_type, Exception) else None)
+
+    def commit(self) -> TransactionSendResult:
+        """Commit now: the message becomes visible; leaving the block later changes nothing."""
+        return self._end(LocalTransactionState.COMMIT, None)
+
+    def rollback(self) -> TransactionSendResult:
+        """Roll back now, without an exception: the message is dropped."""
+        return self._end(LocalTransactionState.ROLLBACK, None)
+
+    def _end(self, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
+        if self.result is None:
+            self.result = self._producer._end(self.in_flight, state, remark)
+        return self.result
