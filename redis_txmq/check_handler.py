@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -26,11 +27,65 @@ from .groups import Backoff, PendingTakeover, ensure_consumer_group, is_missing_
 from .heartbeat import Heartbeat
 from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
 from .listener import TransactionListener, local_state
+from .message import LocalTransactionState, Message
 
 logger = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 100
 """How long one read waits for requests: also the longest a shutdown waits for the reader."""
+
+
+@dataclass(slots=True)
+class CheckRequest:
+    """A check request as a producer reads it, and the answer it sends (the protocol both handlers share)."""
+
+    producer_group: str
+    request_id: str
+    message: Message
+    stream: str
+    half_id: str
+    requested_ms: bytes
+
+    @classmethod
+    def parse(cls, producer_group: str, request_id: str, raw: Any) -> CheckRequest:
+        """Raises :class:`CorruptEntryError` for a request this library did not write."""
+        fields = entries.field_map(raw)
+        where = f"group {producer_group!r}, check request {request_id}"
+        message = entries.message_from_fields(fields, where)
+        stream, half_id = entries.text(fields.get(entries.STREAM)), entries.text(fields.get(entries.HALF_ID))
+        if not stream or not half_id:
+            raise CorruptEntryError(f"{where}: missing field(s) stream / half_id")
+        return cls(producer_group, request_id, message, stream, half_id, fields.get(entries.REQUESTED_MS, b""))
+
+    def answer(self, producer: str, state: LocalTransactionState, remark: str | None) -> dict[str, Any]:
+        """The fields of the answer on the reply stream."""
+        return {
+            entries.STREAM: self.stream,
+            entries.TOPIC: self.message.topic,
+            entries.TRANSACTION_ID: self.message.transaction_id or "",
+            entries.PRODUCER_GROUP: self.producer_group,
+            entries.HALF_ID: self.half_id,
+            entries.STATE: state.value,
+            entries.REMARK: remark or "",
+            entries.REQUESTED_MS: self.requested_ms,
+            entries.PRODUCER: producer,
+        }
+
+    def answer_failed(self, exc: Exception) -> None:
+        logger.warning(
+            "tx=%s topic=%s could not send the check answer: %s; it will be asked again",
+            self.message.transaction_id,
+            self.message.topic,
+            exc,
+        )
+
+
+def queue_finish(pipe: Any, requests_stream: str, request_id: str, reply: dict[str, Any] | None) -> None:
+    """Queue on a (sync or asyncio) pipeline the answer (when there is one), then the request's ack and delete."""
+    if reply is not None:
+        pipe.xadd(REPLY_STREAM, reply)
+    pipe.xack(requests_stream, PRODUCERS_CONSUMER_GROUP, request_id)
+    pipe.xdel(requests_stream, request_id)
 
 
 class CheckRequestHandler:
@@ -195,40 +250,20 @@ class CheckRequestHandler:
             self._room.notify_all()
 
     def _answer(self, request_id: str, raw: Any) -> None:
-        fields = entries.field_map(raw)
-        where = f"group {self.producer_group!r}, check request {request_id}"
         try:
-            message = entries.message_from_fields(fields, where)
-            stream, half_id = entries.text(fields.get(entries.STREAM)), entries.text(fields.get(entries.HALF_ID))
-            if not stream or not half_id:
-                raise CorruptEntryError(f"{where}: missing field(s) stream / half_id")
+            request = CheckRequest.parse(self.producer_group, request_id, raw)
         except CorruptEntryError as exc:
-            logger.error("%s skipped: %s", where, exc)
+            logger.error("group %r, check request %s skipped: %s", self.producer_group, request_id, exc)
             self._finish(request_id)
             return
+        message = request.message
         state, remark = local_state(
             lambda: self.listener.check_local_transaction(message), message, "check_local_transaction"
         )
-        reply = {
-            entries.STREAM: stream,
-            entries.TOPIC: message.topic,
-            entries.TRANSACTION_ID: message.transaction_id or "",
-            entries.PRODUCER_GROUP: self.producer_group,
-            entries.HALF_ID: half_id,
-            entries.STATE: state.value,
-            entries.REMARK: remark or "",
-            entries.REQUESTED_MS: fields.get(entries.REQUESTED_MS, b""),
-            entries.PRODUCER: self.instance_id,
-        }
         try:
-            self._finish(request_id, reply)
+            self._finish(request_id, request.answer(self.instance_id, state, remark))
         except REDIS_ERRORS as exc:
-            logger.warning(
-                "tx=%s topic=%s could not send the check answer: %s; it will be asked again",
-                message.transaction_id,
-                message.topic,
-                exc,
-            )
+            request.answer_failed(exc)
         logger.debug("tx=%s topic=%s answered check: %s", message.transaction_id, message.topic, state.value)
 
     def _finish(self, request_id: str, reply: dict[str, Any] | None = None) -> None:
@@ -236,15 +271,9 @@ class CheckRequestHandler:
 
         Standalone: one MULTI / EXEC (a refused XADD, e.g. out of memory, discards the whole of it). Cluster: the
         two streams live in different slots, so the answer first, the acknowledgement after it succeeded."""
-        if reply is not None:
-            if self._cluster:
-                self.client.xadd(REPLY_STREAM, reply)
-                pipe = self.client.pipeline(transaction=False)
-            else:
-                pipe = self.client.pipeline(transaction=True)
-                pipe.xadd(REPLY_STREAM, reply)
-        else:
-            pipe = self.client.pipeline(transaction=False)
-        pipe.xack(self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, request_id)
-        pipe.xdel(self.keys.check_requests, request_id)
+        if reply is not None and self._cluster:
+            self.client.xadd(REPLY_STREAM, reply)
+            reply = None
+        pipe = self.client.pipeline(transaction=reply is not None)
+        queue_finish(pipe, self.keys.check_requests, request_id, reply)
         pipe.execute()
