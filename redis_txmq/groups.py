@@ -37,8 +37,16 @@ def forget_dead_consumers(client: Any, stream: str, group: str, me: str, idle_ms
     ever ran. One script (``lua/forget_consumers.lua``): no consumer can read between the check and its removal.
     A live consumer removed (idle that long with nothing pending) is recreated by its next read. Returns the names
     removed."""
-    removed = client.eval(script_source(_FORGET_CONSUMERS), 1, stream, group, me, idle_ms)
-    return [text(name) or "" for name in removed]
+    return removed_names(client.eval(*forget_consumers_call(stream, group, me, idle_ms)))
+
+
+def forget_consumers_call(stream: str, group: str, me: str, idle_ms: int) -> tuple[Any, ...]:
+    """The EVAL arguments of ``lua/forget_consumers.lua`` (sync and asyncio callers)."""
+    return (script_source(_FORGET_CONSUMERS), 1, stream, group, me, idle_ms)
+
+
+def removed_names(reply: Any) -> list[str]:
+    return [text(name) or "" for name in reply]
 
 
 def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = "0") -> bool:
@@ -48,9 +56,18 @@ def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = 
     (fakeredis' TCP server among them) drop the connection after one. Sent with EVAL, not EVALSHA, for the
     same reason (no NOSCRIPT on first use); it runs once per process start."""
     try:
-        return bool(int(client.eval(script_source(_ENSURE_GROUP), 1, stream, group, start_id)))
+        return bool(int(client.eval(*ensure_group_call(stream, group, start_id))))
     except REDIS_ERRORS as exc:
-        raise TxMQConnectionError(f"stream {stream!r}: could not create consumer group {group!r}: {exc}") from exc
+        raise ensure_group_error(stream, group, exc) from exc
+
+
+def ensure_group_call(stream: str, group: str, start_id: str) -> tuple[Any, ...]:
+    """The EVAL arguments of ``lua/ensure_group.lua`` (sync and asyncio callers)."""
+    return (script_source(_ENSURE_GROUP), 1, stream, group, start_id)
+
+
+def ensure_group_error(stream: str, group: str, exc: Exception) -> TxMQConnectionError:
+    return TxMQConnectionError(f"stream {stream!r}: could not create consumer group {group!r}: {exc}")
 
 
 class Backoff:
@@ -70,36 +87,52 @@ class Backoff:
         self._next = self.first
 
 
-class PendingTakeover:
-    """Takes over entries that a dead reader of a consumer group left pending (read, never acknowledged).
+class TakeoverWalk:
+    """When a walk of a group's pending list is due, and where it stands (the bookkeeping of
+    :class:`PendingTakeover` and its asyncio twin): XAUTOCLAIM walks the list with a cursor, a batch per call; once a
+    walk ends, the next starts ``claim_idle / 2`` seconds later, so a live group pays about nothing for it."""
 
-    XAUTOCLAIM walks the pending list with a cursor, a batch per call; once a walk ends, the next starts
-    ``claim_idle / 2`` seconds later, so a live group pays about nothing for it. When a walk ends, the consumers
-    that hold nothing and were not seen for ``claim_idle`` (dead instances, their entries claimed) are removed."""
-
-    def __init__(self, client: Any, stream: str, group: str, consumer: str, claim_idle: float) -> None:
-        self.client = client
+    def __init__(self, stream: str, group: str, consumer: str, claim_idle: float) -> None:
         self.stream = stream
         self.group = group
         self.consumer = consumer
         self.claim_idle = claim_idle
-        self._cursor = CURSOR_START
+        self.idle_ms = int(claim_idle * 1000)
+        self.cursor = CURSOR_START
         self._next_walk = 0.0
+
+    def due(self) -> bool:
+        return self.cursor != CURSOR_START or time.monotonic() >= self._next_walk
+
+    def advance(self, cursor: Any) -> bool:
+        """Record the cursor XAUTOCLAIM returned; True when the walk ended (time to forget dead consumers)."""
+        self.cursor = text(cursor) or CURSOR_START
+        if self.cursor != CURSOR_START:
+            return False
+        self._next_walk = time.monotonic() + self.claim_idle / 2
+        return True
+
+    def forgot(self, gone: list[str]) -> None:
+        if gone:
+            logger.info("stream=%s group=%s removed dead consumers %s", self.stream, self.group, ", ".join(gone))
+
+
+class PendingTakeover(TakeoverWalk):
+    """Takes over entries that a dead reader of a consumer group left pending (read, never acknowledged). When a
+    walk ends, the consumers that hold nothing and were not seen for ``claim_idle`` (dead instances, their entries
+    claimed) are removed."""
+
+    def __init__(self, client: Any, stream: str, group: str, consumer: str, claim_idle: float) -> None:
+        super().__init__(stream, group, consumer, claim_idle)
+        self.client = client
 
     def claim(self, count: int) -> list[Any]:
         """Up to ``count`` entries idle for ``claim_idle`` or longer, now owned by ``consumer``; [] when not due."""
-        now = time.monotonic()
-        if self._cursor == CURSOR_START and now < self._next_walk:
+        if not self.due():
             return []
         cursor, claimed, *_ = self.client.xautoclaim(
-            self.stream, self.group, self.consumer, int(self.claim_idle * 1000), start_id=self._cursor, count=count
+            self.stream, self.group, self.consumer, self.idle_ms, start_id=self.cursor, count=count
         )
-        self._cursor = text(cursor) or CURSOR_START
-        if self._cursor == CURSOR_START:
-            self._next_walk = now + self.claim_idle / 2
-            gone = forget_dead_consumers(
-                self.client, self.stream, self.group, self.consumer, int(self.claim_idle * 1000)
-            )
-            if gone:
-                logger.info("stream=%s group=%s removed dead consumers %s", self.stream, self.group, ", ".join(gone))
+        if self.advance(cursor):
+            self.forgot(forget_dead_consumers(self.client, self.stream, self.group, self.consumer, self.idle_ms))
         return list(claimed)

@@ -36,8 +36,20 @@ def local_state(call: Callable[[], Any], message: Message, what: str) -> tuple[L
     try:
         answer = call()
     except Exception as exc:  # noqa: BLE001 - the contract: an exception is UNKNOWN, logged, kept
-        logger.exception("tx=%s topic=%s %s raised; state UNKNOWN", message.transaction_id, message.topic, what)
-        return LocalTransactionState.UNKNOWN, f"{what} raised {type(exc).__name__}: {exc}"[:REMARK_LIMIT]
+        return state_of_error(exc, message, what)
+    return state_of_answer(answer, message, what)
+
+
+def state_of_error(exc: Exception, message: Message, what: str) -> tuple[LocalTransactionState, str]:
+    """A listener method raised: UNKNOWN, logged with the transaction id, the exception kept as the remark."""
+    logger.error(
+        "tx=%s topic=%s %s raised; state UNKNOWN", message.transaction_id, message.topic, what, exc_info=exc
+    )
+    return LocalTransactionState.UNKNOWN, f"{what} raised {type(exc).__name__}: {exc}"[:REMARK_LIMIT]
+
+
+def state_of_answer(answer: Any, message: Message, what: str) -> tuple[LocalTransactionState, str | None]:
+    """A listener method's answer as a state: ``None`` and anything but a state are UNKNOWN."""
     if answer is None:
         return LocalTransactionState.UNKNOWN, None
     try:

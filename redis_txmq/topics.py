@@ -64,7 +64,11 @@ def restore_partitions(pipe: Any, topic: str, partitions: int) -> None:
 
 def partition_count(client: Any, topic: str) -> int:
     """The number of partitions of ``topic`` (1 when it was never created with more)."""
-    raw = client.hget(topic_meta_key(topic), "partitions")
+    return count_of(client.hget(topic_meta_key(topic), "partitions"))
+
+
+def count_of(raw: Any) -> int:
+    """A topic's partition count from its metadata field (absent: one partition)."""
     return int(raw) if raw else 1
 
 
@@ -95,7 +99,19 @@ class PartitionRouter:
             with self._lock:
                 partitions = self._partitions.get(message.topic)
                 if partitions is None:
-                    partitions = self._partitions[message.topic] = partition_keys(self.client, message.topic)
+                    partitions = self.remember(message.topic, partition_count(self.client, message.topic))
+        return self.pick(message, partitions)
+
+    def known(self, topic: str) -> list[TopicKeys] | None:
+        """The topic's partitions if this process has read them (a caller doing its own I/O reads them first)."""
+        return self._partitions.get(topic)
+
+    def remember(self, topic: str, count: int) -> list[TopicKeys]:
+        partitions = self._partitions.setdefault(topic, partition_keys_of(topic, count))
+        return partitions
+
+    def pick(self, message: Message, partitions: list[TopicKeys]) -> TopicKeys:
+        """The partition of a stable hash of the message's first key, or round robin without keys."""
         if len(partitions) == 1:
             return partitions[0]
         keys = message.keys_list
