@@ -20,10 +20,17 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterExcep
 """What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
 
 
-def connect(redis_url: str, *, cluster: bool = False, **kwargs: Any) -> Any:
-    """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://`` or ``unix://`` URLs;
-    ``kwargs`` (a password, timeouts...) override what the URL says."""
+def connect(redis_url: str, *, cluster: bool = False, asyncio: bool = False, **kwargs: Any) -> Any:
+    """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://`` or ``unix://`` URLs, from
+    ``redis`` or (``asyncio=True``) ``redis.asyncio``; ``kwargs`` (a password, timeouts...) override the URL."""
     try:
+        if asyncio:
+            from redis.asyncio import Redis as AsyncRedis
+            from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+            if cluster:
+                return AsyncRedisCluster.from_url(redis_url, **kwargs)
+            return AsyncRedis.from_url(redis_url, **kwargs)
         if cluster:
             return RedisCluster.from_url(redis_url, **kwargs)
         return redis.Redis.from_url(redis_url, **kwargs)
@@ -33,7 +40,7 @@ def connect(redis_url: str, *, cluster: bool = False, **kwargs: Any) -> Any:
 
 def ensure_binary_client(client: Any) -> Any:
     """Refuse a client that decodes replies: message bodies are bytes and must come back unchanged."""
-    if isinstance(client, RedisCluster):
+    if isinstance(client, RedisCluster) or is_async_cluster(client):
         kwargs = client.nodes_manager.connection_kwargs
     elif hasattr(client, "get_connection_kwargs"):
         kwargs = client.get_connection_kwargs()
@@ -63,7 +70,15 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def resolve_client(redis_url: str | None, client: Any, settings: Settings | None) -> tuple[Any, Settings, bool]:
+def is_async_cluster(client: Any) -> bool:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    return isinstance(client, AsyncRedisCluster)
+
+
+def resolve_client(
+    redis_url: str | None, client: Any, settings: Settings | None, *, asyncio: bool = False
+) -> tuple[Any, Settings, bool]:
     """The client to use, the effective settings, and whether the caller made the client (and must close it).
 
     ``redis_url`` wins over ``settings.redis_url``; with neither, ``TXMQ_REDIS_URL`` or the default applies."""
@@ -75,7 +90,7 @@ def resolve_client(redis_url: str | None, client: Any, settings: Settings | None
         settings = replace(settings, redis_url=redis_url)
     if client is not None:
         return ensure_binary_client(client), settings, False
-    return connect(settings.redis_url, cluster=settings.cluster), settings, True
+    return connect(settings.redis_url, cluster=settings.cluster, asyncio=asyncio), settings, True
 
 
 def instance_id(kind: str) -> str:

@@ -15,14 +15,18 @@ class Heartbeat:
         self.instances_key = instances_key
         self.instance_id = instance_id
         self.live_ms = int(interval * 3000)
-        self._script = register_script(client, "heartbeat")
+        self.script = register_script(client, "heartbeat")
 
     def load(self) -> None:
-        preload(self._script)
+        preload(self.script)
 
     def beat(self) -> int:
         """Record this instance; returns how many instances are live."""
-        return int(self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "beat"]))
+        return int(self.call("beat"))
 
     def leave(self) -> None:
-        self._script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, "leave"])
+        self.call("leave")
+
+    def call(self, action: str) -> Any:
+        """The script call for ``beat`` or ``leave``: its reply, or an awaitable on a ``redis.asyncio`` client."""
+        return self.script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, action])

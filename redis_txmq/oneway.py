@@ -17,7 +17,7 @@ import time
 from .broker import RedisBroker
 from .config import Settings
 from .errors import ProducerStateError, TxMQError
-from .protocol import EndCall
+from .protocol import EndCall, EndResult
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +66,7 @@ class EndFlusher:
             while self._submitted - self._completed >= self.queue_size and not self._closing:
                 self._cond.wait()
             if self._closing:
-                raise ProducerStateError(
-                    f"producer group {end.producer_group!r}, transaction {end.transaction_id}: the producer is "
-                    "shutting down; the check-back will resolve this transaction"
-                )
+                raise closing_error(end)
             self._queue.append(end)
             self._submitted += 1
             if len(self._queue) == 1 or len(self._queue) >= self.batch_size:
@@ -130,26 +127,42 @@ class EndFlusher:
 
     def _send(self, batch: list[EndCall]) -> None:
         try:
-            results = self.broker.end_transactions(batch)
+            results: list[EndResult | TxMQError] | Exception = self.broker.end_transactions(batch)
         except Exception as exc:  # noqa: BLE001 - the flusher thread must outlive any failure; the checker resolves
-            self.failed += len(batch)
+            results = exc
+        applied, failed = account_batch(self.name, batch, results)
+        self.applied += applied
+        self.failed += failed
+
+
+def account_batch(name: str, batch: list[EndCall], results: list[EndResult | TxMQError] | Exception) -> tuple[int, int]:
+    """Log what a batch of queued ends did; returns (applied, failed). A failed end stays in flight and the
+    check-back resolves it."""
+    if isinstance(results, Exception):
+        logger.warning(
+            "producer group %s: %d queued ends failed (%s); the check-back will resolve them (first: tx=%s)",
+            name,
+            len(batch),
+            results,
+            ", ".join(end.transaction_id for end in batch[:5]),
+        )
+        return 0, len(batch)
+    failed = 0
+    for end, result in zip(batch, results, strict=True):
+        if isinstance(result, TxMQError):
+            failed += 1
             logger.warning(
-                "producer group %s: %d queued ends failed (%s); the check-back will resolve them (first: tx=%s)",
-                self.name,
-                len(batch),
-                exc,
-                ", ".join(end.transaction_id for end in batch[:5]),
+                "tx=%s topic=%s one-way end %s failed: %s",
+                end.transaction_id,
+                end.keys.topic,
+                end.outcome.value,
+                result,
             )
-            return
-        for end, result in zip(batch, results, strict=True):
-            if isinstance(result, TxMQError):
-                self.failed += 1
-                logger.warning(
-                    "tx=%s topic=%s one-way end %s failed: %s",
-                    end.transaction_id,
-                    end.keys.topic,
-                    end.outcome.value,
-                    result,
-                )
-            else:
-                self.applied += 1
+    return len(batch) - failed, failed
+
+
+def closing_error(end: EndCall) -> ProducerStateError:
+    return ProducerStateError(
+        f"producer group {end.producer_group!r}, transaction {end.transaction_id}: the producer is shutting down; "
+        "the check-back will resolve this transaction"
+    )

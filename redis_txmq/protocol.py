@@ -150,7 +150,7 @@ def end_results(ends: list[EndCall], replies: list[Any]) -> list[EndResult | TxM
     """The result (or the error) of each end of a pipeline, in order."""
     results: list[EndResult | TxMQError] = []
     for end, reply in zip(ends, replies, strict=True):
-        if isinstance(reply, redis.RedisError):
+        if isinstance(reply, Exception):
             results.append(end_call_error(reply, end.keys, end.transaction_id))
             continue
         try:

@@ -76,12 +76,14 @@ def preload(*scripts: Any) -> None:
                 client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
             loaded += 1
         except REDIS_ERRORS as exc:
-            failure = exc
-            logger.warning(
-                "could not load the scripts on master %s:%s (%s); its slots load them on first use",
-                node.host,
-                node.port,
-                exc,
-            )
+            failure = master_skipped(node, exc)
     if not loaded and failure is not None:
         raise failure
+
+
+def master_skipped(node: Any, exc: Exception) -> Exception:
+    """Log a cluster master the scripts could not be loaded on; returns the error (raised if all failed)."""
+    logger.warning(
+        "could not load the scripts on master %s:%s (%s); its slots load them on first use", node.host, node.port, exc
+    )
+    return exc
