@@ -16,6 +16,9 @@ from redis.exceptions import RedisClusterException
 from .config import Settings
 from .errors import ConfigurationError
 
+ASYNC_MAX_CONNECTIONS = 64
+"""Connections of an asyncio client made from a URL; a call waits for one when all are busy."""
+
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 """What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
 
@@ -25,12 +28,15 @@ def connect(redis_url: str, *, cluster: bool = False, asyncio: bool = False, **k
     ``redis`` or (``asyncio=True``) ``redis.asyncio``; ``kwargs`` (a password, timeouts...) override the URL."""
     try:
         if asyncio:
+            from redis.asyncio import BlockingConnectionPool
             from redis.asyncio import Redis as AsyncRedis
             from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
             if cluster:
                 return AsyncRedisCluster.from_url(redis_url, **kwargs)
-            return AsyncRedis.from_url(redis_url, **kwargs)
+            # many sends in flight wait for a free connection instead of failing with "Too many connections"
+            kwargs.setdefault("max_connections", ASYNC_MAX_CONNECTIONS)
+            return AsyncRedis.from_pool(BlockingConnectionPool.from_url(redis_url, timeout=None, **kwargs))
         if cluster:
             return RedisCluster.from_url(redis_url, **kwargs)
         return redis.Redis.from_url(redis_url, **kwargs)

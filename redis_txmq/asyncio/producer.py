@@ -1,0 +1,250 @@
+"""The transactional producer for asyncio services: the twin of :class:`redis_txmq.TransactionProducer`.
+
+The steps of a send (:mod:`redis_txmq.sending`), the scripts' arguments and replies (:mod:`redis_txmq.protocol`) and
+the check-request format are the sync producer's; only the I/O is awaited. Cancellation is an outcome, never a loss:
+cancelled before the half message is written, nothing is written; during the local transaction, the transaction
+stays in flight for the check-back (never a blind COMMIT or ROLLBACK); during the end call, the end goes on in the
+background (shielded) and, should it fail, the check-back resolves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from ..config import Settings
+from ..connection import REDIS_ERRORS, instance_id, resolve_client
+from ..errors import ProducerStateError, TxMQConnectionError, TxMQError
+from ..keys import TOPIC_REGISTRY, topic_meta_key
+from ..listener import TransactionListener as SyncTransactionListener
+from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
+from ..protocol import EndCall
+from ..sending import CheckerListener, HandleState, InFlight, listener_of, new_send, outcome_of_block, routing_error
+from ..topics import PartitionRouter, count_of, restore_partitions
+from .broker import AsyncRedisBroker
+from .check_handler import AsyncCheckRequestHandler
+from .listener import TransactionListener, local_state
+from .oneway import AsyncEndFlusher
+
+logger = logging.getLogger(__name__)
+
+Listener = TransactionListener | SyncTransactionListener
+
+
+class TransactionProducer:
+    """Sends messages in transactions from asyncio code; while started it answers check-backs of its group.
+
+    Takes an asyncio :class:`TransactionListener` (a sync :class:`redis_txmq.TransactionListener` works too: its
+    methods run in a thread), or only ``checker=`` for a producer used through :meth:`transaction` handles. Pass
+    ``redis_url`` or ``client`` (a ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster`` with
+    ``decode_responses=False``). ``oneway_end=True`` queues end calls for a background task (:meth:`flush`).
+    """
+
+    def __init__(
+        self,
+        producer_group: str,
+        listener: Listener | None = None,
+        *,
+        checker: Callable[[Message], Any] | None = None,
+        redis_url: str | None = None,
+        client: Any = None,
+        settings: Settings | None = None,
+        oneway_end: bool = False,
+    ) -> None:
+        self.producer_group = validate_name(producer_group, "producer group")
+        self.listener: Any = listener_of(
+            producer_group, listener, checker, (TransactionListener, SyncTransactionListener)
+        )
+        self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings, asyncio=True)
+        self.broker = AsyncRedisBroker(self.client, self.settings)
+        self.instance_id = instance_id("producer")
+        self._check_handler = AsyncCheckRequestHandler(
+            self.client, self.producer_group, self.listener, self.settings, self.instance_id, self._registrations
+        )
+        self._router = PartitionRouter(self.client)
+        self.oneway_end = oneway_end
+        self._flusher = AsyncEndFlusher(self.broker, self.settings, self.producer_group) if oneway_end else None
+        self._running = False
+        self._shut_down = False
+        self._ending: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> TransactionProducer:
+        """Load the scripts and begin serving check requests. Raises :class:`TxMQConnectionError` when Redis cannot
+        be reached; a shut-down producer cannot restart."""
+        if self._shut_down:
+            raise ProducerStateError(
+                f"producer group {self.producer_group!r}: this producer was shut down; create a new one"
+            )
+        if not self._running:
+            await self.broker.load_scripts()
+            try:
+                await self._check_handler.start()
+            except REDIS_ERRORS as exc:
+                raise TxMQConnectionError(
+                    f"producer group {self.producer_group!r}: could not start serving check requests: {exc}"
+                ) from exc
+            if self._flusher is not None:
+                self._flusher.start()
+            self._running = True
+        return self
+
+    async def shutdown(self) -> None:
+        """Stop sending and answering: queued one-way ends and ends under way are applied, running checks finish,
+        queued check requests are handed back. Closes the client the producer made itself."""
+        if self._shut_down:
+            return
+        was_running, self._running, self._shut_down = self._running, False, True
+        if was_running:
+            if self._flusher is not None:
+                await self._flusher.close()
+            await asyncio.gather(*self._ending, return_exceptions=True)
+            await self._check_handler.shutdown()
+        if self._owns_client:
+            await self.client.aclose()
+
+    async def __aenter__(self) -> TransactionProducer:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.shutdown()
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every end a one-way producer queued before this call was applied; True at once otherwise."""
+        return True if self._flusher is None else await self._flusher.flush(timeout)
+
+    @property
+    def pending_ends(self) -> int:
+        return 0 if self._flusher is None else self._flusher.pending
+
+    async def send_message_in_transaction(self, message: Message, arg: Any = None) -> TransactionSendResult:
+        """Prepare the half message, run the local transaction, then commit or roll back (see the sync producer).
+        A task cancelled here: see the module's docstring."""
+        if isinstance(self.listener, CheckerListener):
+            self.listener.execute_local_transaction(message, arg)
+        tx = await self._prepare(message)
+        state, remark = await local_state(
+            self.listener.execute_local_transaction, tx.message, "local transaction", tx.message, arg
+        )
+        return await self._end(tx, state, remark)
+
+    def transaction(self, message: Message) -> AsyncTransaction:
+        """A transaction handle: ``async with producer.transaction(message) as tx:`` writes the half message, the
+        block is the local transaction, leaving it commits (rolls back when it raised; leaves the transaction to
+        the check-back when it was cancelled)."""
+        return AsyncTransaction(self, message)
+
+    async def _prepare(self, message: Message) -> InFlight:
+        if not self._running:
+            raise ProducerStateError(
+                f"producer group {self.producer_group!r}: await start() (or use `async with`) before sending"
+            )
+        sent = new_send(self.producer_group, message, self.settings.max_message_size)
+        partitions = self._router.known(sent.topic)
+        if partitions is None:
+            try:
+                count = count_of(await self.client.hget(topic_meta_key(sent.topic), "partitions"))
+            except REDIS_ERRORS as exc:
+                raise routing_error(sent, exc) from exc
+            partitions = self._router.remember(sent.topic, count)
+        keys = self._router.pick(sent, partitions)
+        prepared = await self.broker.prepare_half(keys, sent, sent.transaction_id or "", self.producer_group)
+        return InFlight.of(prepared, keys, sent, self.producer_group)
+
+    async def _end(
+        self,
+        tx: InFlight,
+        state: LocalTransactionState,
+        remark: str | None,
+        on_cancel: Callable[[TransactionSendResult], None] | None = None,
+    ) -> TransactionSendResult:
+        end = tx.end_call(state, remark)
+        if end is None:
+            return tx.result(state, remark)
+        if self._flusher is not None:
+            try:
+                await self._flusher.submit(end)
+            except TxMQError as exc:
+                return tx.result(state, remark, end_error=tx.end_failed(state, exc))
+            return tx.result(state, remark, end_queued=True)
+        ending = asyncio.ensure_future(self._apply(end))
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
+        try:
+            committed_id = await asyncio.shield(ending)
+        except TxMQError as exc:
+            return tx.result(state, remark, end_error=tx.end_failed(state, exc))
+        except asyncio.CancelledError:
+            if on_cancel is not None:
+                on_cancel(
+                    tx.result(
+                        state,
+                        remark,
+                        end_error="cancelled while the end call was under way: it goes on in the background, and "
+                        "the check-back resolves the transaction if it fails",
+                    )
+                )
+            raise
+        return tx.result(state, remark, committed_id=committed_id)
+
+    async def _apply(self, end: EndCall) -> str | None:
+        """The end call; runs to its end even when the send that started it was cancelled (it is shielded)."""
+        result = await self.broker.end_transaction(
+            end.keys,
+            end.transaction_id,
+            end.producer_group,
+            end.outcome,
+            source=end.source,
+            remark=end.remark,
+            half_id=end.half_id,
+        )
+        return result.committed_id
+
+    def _registrations(self, pipe: Any) -> None:
+        """Re-asserted with every heartbeat, as the sync producer does."""
+        streams = self.broker.registered_streams()
+        if streams:
+            pipe.sadd(TOPIC_REGISTRY, *streams)
+        for topic, partitions in self._router.partitioned_topics().items():
+            restore_partitions(pipe, topic, partitions)
+
+
+class AsyncTransaction(HandleState):
+    """One transaction of the asyncio producer (see :class:`redis_txmq.transaction.Transaction`). Leaving the block
+    commits, or rolls back when it raised; cancelled (``CancelledError``, an expired ``asyncio.timeout``), the
+    transaction stays in flight for the check-back. Cancelled during the end call, :attr:`result` reports it."""
+
+    def __init__(self, producer: TransactionProducer, message: Message) -> None:
+        super().__init__(message)
+        self._producer = producer
+
+    async def __aenter__(self) -> AsyncTransaction:
+        self._in_flight = await self._producer._prepare(self._message)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.ended and self._in_flight is not None:
+            state = outcome_of_block(exc_type)
+            remark = f"the block raised {exc_type.__name__}: {exc}" if state is LocalTransactionState.ROLLBACK else None
+            await self._end(state, remark)
+
+    async def commit(self) -> TransactionSendResult:
+        """Commit now; leaving the block later changes nothing."""
+        return await self._end(LocalTransactionState.COMMIT, None)
+
+    async def rollback(self) -> TransactionSendResult:
+        """Roll back now, without an exception."""
+        return await self._end(LocalTransactionState.ROLLBACK, None)
+
+    async def _end(self, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
+        if self.result is None:
+            self.result = await self._producer._end(
+                self.in_flight, state, remark, on_cancel=lambda result: setattr(self, "result", result)
+            )
+        return self.result
