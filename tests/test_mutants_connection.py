@@ -1,0 +1,27 @@
+"""A Redis URL's password never reaches an error message or a log line: errors name the URL with ``***``."""
+
+from __future__ import annotations
+
+import pytest
+
+from redis_txmq import ConfigurationError
+from redis_txmq.connection import connect, redact_url
+
+
+def test_an_invalid_url_is_refused_without_its_password():
+    with pytest.raises(ConfigurationError) as refused:
+        connect("nonsense://operator:s3cret-pw@cache.internal:6380/0")
+    assert "s3cret-pw" not in str(refused.value)
+    assert "nonsense://operator:***@cache.internal:6380/0" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://operator:s3cret-pw@cache.internal:6380/0", "redis://operator:***@cache.internal:6380/0"),
+        ("redis://:s3cret-pw@cache.internal/2", "redis://:***@cache.internal/2"),
+        ("redis://cache.internal:6380/0", "redis://cache.internal:6380/0"),
+    ],
+)
+def test_urls_are_shown_without_their_password(url, shown):
+    assert redact_url(url) == shown
