@@ -19,7 +19,6 @@ from redis_txmq import (
     Settings,
     TransactionConflictError,
     TransactionNotFoundError,
-    TransactionProducer,
 )
 from redis_txmq.broker import EndSource
 from redis_txmq.keys import TOPIC_REGISTRY, TopicKeys
@@ -36,8 +35,8 @@ def listener():
 
 
 @pytest.fixture
-def producer(client, listener):
-    with TransactionProducer("order_group", listener, client=client) as producer:
+def producer(client, listener, make_producer):
+    with make_producer("order_group", listener, client=client) as producer:
         yield producer
 
 
@@ -243,8 +242,8 @@ def test_prepare_script_refuses_bad_immunity_before_writing(client, producer, im
     assert client.xlen(KEYS.half_stream) == 0 and in_flight(client) == {}
 
 
-def test_ended_outcomes_expire_as_new_ends_arrive(client, listener):
-    with TransactionProducer("order_group", listener, client=client) as producer:
+def test_ended_outcomes_expire_as_new_ends_arrive(client, listener, make_producer):
+    with make_producer("order_group", listener, client=client) as producer:
         for _ in range(5):
             producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
         assert client.hlen(KEYS.ended) == 5
@@ -253,7 +252,26 @@ def test_ended_outcomes_expire_as_new_ends_arrive(client, listener):
     assert client.hlen(KEYS.ended) == 1 and client.zcard(KEYS.ended_at) == 1
 
 
-def test_failed_end_returns_result_and_leaves_transaction_in_flight(client, producer, caplog):
+def test_failed_end_returns_result_and_leaves_transaction_in_flight(client, producer, caplog, api):
+    if api == "async":
+        broker = producer.asyncio_producer.broker
+        real_end = broker._end
+
+        async def lost_connection_on_end(*args, **kwargs):
+            raise redis.ConnectionError("connection reset")
+
+        broker._end = lost_connection_on_end
+        result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
+        broker._end = real_end
+    else:
+        result = _send_with_end_lost(producer)
+    assert result.local_transaction_state is COMMIT and result.committed_id is None
+    assert "check-back will resolve it" in result.end_error
+    assert in_flight(client) == {result.transaction_id: result.half_id}
+    assert any("end COMMIT failed" in r.getMessage() for r in caplog.records)
+
+
+def _send_with_end_lost(producer):
     real_run = producer.broker.runner.run
 
     def lost_connection_on_end(script, keys, args):
@@ -264,14 +282,11 @@ def test_failed_end_returns_result_and_leaves_transaction_in_flight(client, prod
     producer.broker.runner.run = lost_connection_on_end
     result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
     producer.broker.runner.run = real_run
-    assert result.local_transaction_state is COMMIT and result.committed_id is None
-    assert "check-back will resolve it" in result.end_error
-    assert in_flight(client) == {result.transaction_id: result.half_id}
-    assert any("end COMMIT failed" in r.getMessage() for r in caplog.records)
+    return result
 
 
-def test_concurrent_sends_from_threads(client, listener):
-    with TransactionProducer("order_group", listener, client=client) as producer:
+def test_concurrent_sends_from_threads(client, listener, make_producer):
+    with make_producer("order_group", listener, client=client) as producer:
 
         def send(i):
             return producer.send_message_in_transaction(
@@ -287,18 +302,18 @@ def test_concurrent_sends_from_threads(client, listener):
     assert in_flight(client) == {} and client.xlen(KEYS.half_stream) == 0
 
 
-def test_producer_closes_the_client_it_made(real_client, redis_url, listener):
+def test_producer_closes_the_client_it_made(real_client, redis_url, listener, make_producer):
     baseline = len(real_client.client_list())
-    with TransactionProducer("order_group", listener, redis_url=redis_url) as producer:
+    with make_producer("order_group", listener, redis_url=redis_url) as producer:
         assert producer.send_message_in_transaction(Message("orders", b"x"), COMMIT).committed_id
         assert len(real_client.client_list()) > baseline
     wait_until(lambda: len(real_client.client_list()) == baseline)
 
 
-def test_redis_url_wins_over_settings(real_client, redis_url, listener):
+def test_redis_url_wins_over_settings(real_client, redis_url, listener, make_producer):
     """A URL given beside settings is the one used (settings carry the other knobs)."""
     settings = Settings(redis_url="redis://127.0.0.1:1/0", dedupe_window=120)
-    with TransactionProducer("order_group", listener, redis_url=redis_url, settings=settings) as producer:
+    with make_producer("order_group", listener, redis_url=redis_url, settings=settings) as producer:
         assert producer.settings.redis_url == redis_url and producer.settings.dedupe_window == 120
         assert producer.send_message_in_transaction(Message("orders", b"x"), COMMIT).committed_id
     assert real_client.xlen("orders") == 1
@@ -326,25 +341,27 @@ def test_the_callers_message_is_left_unchanged(client, producer, listener):
     assert fields[b"tags"] == b"created" and fields[b"properties"] == b'{"source":"web"}', "written before the listener"
 
 
-def test_threads_sending_one_message_each_see_their_own_transaction_id(client, listener):
+def test_threads_sending_one_message_each_see_their_own_transaction_id(client, listener, make_producer):
     """The producer used to set ``transaction_id`` on the caller's object: two threads sending it saw each other's
     ids, and a listener stored the wrong one, so the check-back answered for another transaction."""
     import threading
 
     message = Message("orders", b"shared")
     both_prepared = threading.Barrier(2, timeout=10)
-    stored: dict[str, str] = {}  # thread name -> the transaction id its listener saw
+    stored: dict[int, str] = {}  # send -> the transaction id its listener saw
 
-    def execute(seen: Message) -> LocalTransactionState:
-        both_prepared.wait()  # both half messages written before either listener reads its id
-        stored[threading.current_thread().name] = seen.transaction_id
-        return UNKNOWN
+    def execute_for(send_number: int):
+        def execute(seen: Message) -> LocalTransactionState:
+            both_prepared.wait()  # both half messages written before either listener reads its id
+            stored[send_number] = seen.transaction_id
+            return UNKNOWN
 
-    with TransactionProducer("order_group", listener, client=client) as producer:
+        return execute
 
-        def send(_):
-            result = producer.send_message_in_transaction(message, execute)
-            return threading.current_thread().name, result.transaction_id
+    with make_producer("order_group", listener, client=client) as producer:
+
+        def send(send_number):
+            return send_number, producer.send_message_in_transaction(message, execute_for(send_number)).transaction_id
 
         with ThreadPoolExecutor(2) as pool:
             sent = dict(pool.map(send, range(2)))
