@@ -5,11 +5,8 @@ failed."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import urllib.request
-from collections.abc import Iterator
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,6 +17,7 @@ from redis_txmq.embedded import free_port
 from redis_txmq.keys import CHECKER_INSTANCES, GroupKeys, TopicKeys
 
 from .helpers import wait_until
+from .test_checker import running
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
 TOPIC = "orders"
@@ -36,20 +34,6 @@ class ByBody(TransactionListener):
 
     def check_local_transaction(self, message: Message) -> LocalTransactionState:
         return {b"paid": COMMIT, b"void": ROLLBACK}.get(message.body, UNKNOWN)
-
-
-@contextlib.contextmanager
-def running(checker: Checker) -> Iterator[threading.Thread]:
-    """``checker.run`` in a thread, as ``txmq checker`` runs it."""
-    stop = threading.Event()
-    thread = threading.Thread(target=checker.run, args=(stop,), name="test-checker", daemon=True)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        stop.set()
-        thread.join(10)
-    assert not thread.is_alive(), "the checker did not stop"
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
