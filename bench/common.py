@@ -8,6 +8,7 @@ from typing import Any
 
 from checker import Checker
 from redis_txmq import LocalTransactionState, Message, TransactionListener
+from redis_txmq.asyncio import TransactionListener as AsyncTransactionListener
 from redis_txmq.keys import GROUP_REGISTRY, TOPIC_REGISTRY, GroupKeys, TopicKeys
 
 BODY = b'{"order_id": 123456, "amount": 42.5, "customer": "someone", "currency": "EUR"}'
@@ -27,6 +28,19 @@ class Answer(TransactionListener):
         return self.state
 
     def check_local_transaction(self, message: Message) -> LocalTransactionState | None:
+        return self.state
+
+
+class AsyncAnswer(AsyncTransactionListener):
+    """:class:`Answer` for the asyncio producer: ``async def`` methods, so nothing runs in a thread."""
+
+    def __init__(self, state: LocalTransactionState | None) -> None:
+        self.state = state
+
+    async def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
+        return self.state
+
+    async def check_local_transaction(self, message: Message) -> LocalTransactionState | None:
         return self.state
 
 

@@ -1,38 +1,62 @@
-"""Item 1 and 2: the sync and the one-way send against plain XADD, interleaved in one process on one Redis.
+"""Item 1 and 2: the sync and the one-way send against plain XADD, interleaved in one process on one Redis; and the
+asyncio producer with ``ASYNC_IN_FLIGHT`` sends in flight together (``asyncio.gather``) against the sync one.
 
-Each round times ``per_round`` plain XADDs, ``per_round`` sync sends and ``per_round`` one-way sends (the
-one-way time includes its ``flush()``), in an order that rotates every round, so the machine's drift hits all
-three alike; the result is the median of the per-round ratios. Afterwards every committed transaction must be
-in its topic stream exactly once.
+Each round times ``per_round`` plain XADDs, ``per_round`` sync sends, ``per_round`` one-way sends (the one-way time
+includes its ``flush()``) and ``per_round`` asyncio sends, in an order that rotates every round, so the machine's
+drift hits all alike; the result is the median of the per-round ratios. Afterwards every committed transaction must
+be in its topic stream exactly once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 from collections.abc import Callable
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from redis_txmq import LocalTransactionState, Message, TransactionProducer
+from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
 
-from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, spread
+from .common import BODY, TOPIC_PREFIX, Answer, AsyncAnswer, delete_topic, spread
 
 PLAIN = f"{TOPIC_PREFIX}plain"
 SYNC_TOPIC = f"{TOPIC_PREFIX}sync"
 ONEWAY_TOPIC = f"{TOPIC_PREFIX}oneway"
+ASYNC_TOPIC = f"{TOPIC_PREFIX}asyncio"
+ASYNC_IN_FLIGHT = 64
+"""Sends of the asyncio producer in flight together."""
 
 
 def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Rates and ratios of sync and one-way sends to plain XADD; ``tick`` is called after every round."""
-    for topic in (SYNC_TOPIC, ONEWAY_TOPIC):
+    topics = (SYNC_TOPIC, ONEWAY_TOPIC, ASYNC_TOPIC)
+    for topic in topics:
         delete_topic(client, topic)
     client.delete(PLAIN)
     commit = Answer(LocalTransactionState.COMMIT)
     sync = TransactionProducer(f"{TOPIC_PREFIX}sync", commit, client=client).start()
     oneway = TransactionProducer(f"{TOPIC_PREFIX}oneway", commit, client=client, oneway_end=True).start()
-    transaction_ids: dict[str, list[str]] = {SYNC_TOPIC: [], ONEWAY_TOPIC: []}
+    loop = asyncio.new_event_loop()
+    kwargs = client.connection_pool.connection_kwargs
+    async_client = redis.asyncio.Redis(
+        connection_pool=redis.asyncio.BlockingConnectionPool(
+            host=kwargs.get("host", "localhost"),
+            port=kwargs.get("port", 6379),
+            db=kwargs.get("db", 0),
+            password=kwargs.get("password"),
+            max_connections=ASYNC_IN_FLIGHT,
+            timeout=None,
+        )
+    )
+    asynchronous = AsyncTransactionProducer(
+        f"{TOPIC_PREFIX}asyncio", AsyncAnswer(LocalTransactionState.COMMIT), client=async_client
+    )
+    loop.run_until_complete(asynchronous.start())
+    transaction_ids: dict[str, list[str]] = {SYNC_TOPIC: [], ONEWAY_TOPIC: [], ASYNC_TOPIC: []}
 
     def plain() -> None:
         for _ in range(per_round):
@@ -49,16 +73,28 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
             ids.append(oneway.send_message_in_transaction(Message(ONEWAY_TOPIC, BODY)).transaction_id)
         oneway.flush()
 
-    runs = [("xadd", plain), ("sync", send_sync), ("oneway", send_oneway)]
+    async def gather_sends() -> None:
+        ids = transaction_ids[ASYNC_TOPIC]
+        for start in range(0, per_round, ASYNC_IN_FLIGHT):
+            batch = min(ASYNC_IN_FLIGHT, per_round - start)
+            results = await asyncio.gather(
+                *(asynchronous.send_message_in_transaction(Message(ASYNC_TOPIC, BODY)) for _ in range(batch))
+            )
+            ids.extend(result.transaction_id for result in results)
+
+    def send_async() -> None:
+        loop.run_until_complete(gather_sends())
+
+    runs = [("xadd", plain), ("sync", send_sync), ("oneway", send_oneway), ("asyncio", send_async)]
     seconds: dict[str, list[float]] = {name: [] for name, _ in runs}
     try:
-        send_sync(), send_oneway(), plain()  # warm up: scripts loaded, connections open, registry written
+        send_sync(), send_oneway(), send_async(), plain()  # warm up: scripts, connections, registry
         for topic_ids in transaction_ids.values():
             topic_ids.clear()
-        for topic in (SYNC_TOPIC, ONEWAY_TOPIC):
+        for topic in topics:
             client.delete(topic)
         for i in range(rounds):
-            order = runs[i % 3 :] + runs[: i % 3]
+            order = runs[i % len(runs) :] + runs[: i % len(runs)]
             for name, run in order if i % 2 else reversed(order):
                 started = time.perf_counter()
                 run()
@@ -67,8 +103,11 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
     finally:
         sync.shutdown()
         oneway.shutdown()
+        loop.run_until_complete(asynchronous.shutdown())
+        loop.run_until_complete(async_client.aclose())
+        loop.close()
     exactly_once = all(_committed_once(client, topic, ids) for topic, ids in transaction_ids.items())
-    for topic in (SYNC_TOPIC, ONEWAY_TOPIC):
+    for topic in topics:
         delete_topic(client, topic)
     client.delete(PLAIN)
     rate = {name: [per_round / s for s in values] for name, values in seconds.items()}
@@ -80,6 +119,9 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
         "oneway_per_s": spread(rate["oneway"])["median"],
         "sync_ratio": spread([s / x for s, x in zip(rate["sync"], rate["xadd"], strict=True)]),
         "oneway_ratio": spread([o / x for o, x in zip(rate["oneway"], rate["xadd"], strict=True)]),
+        "asyncio_per_s": spread(rate["asyncio"])["median"],
+        "asyncio_in_flight": ASYNC_IN_FLIGHT,
+        "asyncio_vs_sync": spread([a / s for a, s in zip(rate["asyncio"], rate["sync"], strict=True)]),
         "exactly_once": exactly_once,
     }
 
