@@ -25,6 +25,7 @@ from .errors import (
 from .listener import TransactionListener
 from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult
 from .producer import TransactionProducer
+from .transaction import Transaction
 from .topics import create_topic, partition_count
 
 __version__ = "0.1.0"
@@ -49,6 +50,7 @@ __all__ = [
     "Settings",
     "TransactionConflictError",
     "TransactionDeadLetteredError",
+    "Transaction",
     "TransactionError",
     "TransactionListener",
     "TransactionNotFoundError",
