@@ -25,8 +25,8 @@ from .errors import (
 from .listener import TransactionListener
 from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult
 from .producer import TransactionProducer
-from .transaction import Transaction
 from .topics import create_topic, partition_count
+from .transaction import Transaction
 
 __version__ = "0.1.0"
 
