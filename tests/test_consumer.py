@@ -1,16 +1,29 @@
-"""Consumer groups over topic streams: ack, re-delivery after a consumer dies, delivery limit, bad entries."""
+"""Consumer groups over topic streams: ack, re-delivery after a consumer dies, delivery limit, bad entries.
+
+Each behaviour test runs on both APIs (fixture ``api``): :class:`redis_txmq.Consumer`, and
+:class:`redis_txmq.asyncio.Consumer` driven through :class:`AsyncioApi`, which runs its coroutines on an event loop
+in a thread (``tests/async_api.py``), so that a test is written once against the sync surface. The asyncio consumer
+gets its own ``redis.asyncio`` client to the same server as the test's client (fakeredis, a redis-server, the
+cluster).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import fakeredis
 import pytest
 import redis
+import redis.asyncio
+import redis.asyncio.cluster
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from redis_txmq import (
@@ -20,13 +33,135 @@ from redis_txmq import (
     Message,
     TransactionProducer,
     TxMQConnectionError,
+    create_topic,
 )
+from redis_txmq.asyncio.consumer import Consumer as AsyncConsumer
 from redis_txmq.embedded import free_port, wait_for_ping
 from redis_txmq.keys import TopicKeys
 
+from .async_api import LoopThread, Synced, async_client_like
 from .helpers import ScriptedListener, wait_until
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
+
+
+class SyncApi:
+    """The sync consumer, as it is."""
+
+    logger = "redis_txmq.consumer"
+
+    def Consumer(self, *args: Any, **kwargs: Any) -> Consumer:
+        return Consumer(*args, **kwargs)
+
+    def twin(self, client: Any) -> Any:
+        """The client this API's consumers use where a test passes ``client``."""
+        return client
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncConsumerFacade(Synced):
+    """An asyncio consumer behind the sync consumer's surface; ``run`` hands it an ``async def`` wrapper of the
+    test's handler, so that the run tests await a handler."""
+
+    def __init__(self, runner: LoopThread, *args: Any, **kwargs: Any) -> None:
+        async def started() -> AsyncConsumer:
+            return await AsyncConsumer(*args, **kwargs).__aenter__()
+
+        super().__init__(runner, runner.run(started()))
+        self.consumer = self._target
+
+    def __iter__(self) -> Iterator[Any]:
+        messages = self.consumer.__aiter__()
+
+        async def next_message() -> Any:
+            return await messages.__anext__()
+
+        while True:
+            try:
+                yield self._runner.run(next_message())
+            except StopAsyncIteration:
+                return
+
+    def run(self, handler: Callable[[Any], Any], *, max_messages: int | None = None) -> int:
+        async def handle(message: Any) -> Any:
+            return handler(message)
+
+        return self._runner.run(self.consumer.run(handle, max_messages=max_messages))
+
+    def stop(self) -> None:
+        self._runner.loop.call_soon_threadsafe(self.consumer.stop)
+
+    def __enter__(self) -> AsyncConsumerFacade:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+class AsyncioApi:
+    """The asyncio consumer, driven from the test's thread through :class:`AsyncConsumerFacade`."""
+
+    logger = "redis_txmq.asyncio.consumer"
+
+    def __init__(self) -> None:
+        self.runner = LoopThread()
+        self._twins: dict[int, Any] = {}
+        self._consumers: list[AsyncConsumerFacade] = []
+
+    def Consumer(self, *args: Any, client: Any = None, **kwargs: Any) -> AsyncConsumerFacade:
+        if client is not None:
+            kwargs["client"] = self.twin(client)
+        consumer = AsyncConsumerFacade(self.runner, *args, **kwargs)
+        self._consumers.append(consumer)
+        return consumer
+
+    def twin(self, client: Any) -> Any:
+        """A ``redis.asyncio`` client to the server of the test's ``client``, one per test and client."""
+        if id(client) not in self._twins:
+            self._twins[id(client)] = asyncio_twin(client)
+        return self._twins[id(client)]
+
+    def close(self) -> None:
+        for consumer in self._consumers:
+            self.runner.run(consumer.consumer.close())
+        for twin in self._twins.values():
+            self.runner.run(twin.aclose())
+        self.runner.run(self.runner.loop.shutdown_asyncgens())
+        self.runner.close()
+
+
+def asyncio_twin(client: Any) -> Any:
+    """A ``redis.asyncio`` client of the server (or cluster) ``client`` talks to."""
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()
+        return redis.asyncio.cluster.RedisCluster(host=node.host, port=node.port)
+    return async_client_like(client)
+
+
+@pytest.fixture(params=["sync", "async"])
+def api(request: pytest.FixtureRequest) -> Iterator[SyncApi | AsyncioApi]:
+    """The same behaviour test runs on the sync consumer and on the asyncio one."""
+    chosen = SyncApi() if request.param == "sync" else AsyncioApi()
+    yield chosen
+    chosen.close()
+
+
+@pytest.fixture
+def cluster(cluster_url: str) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster_url)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["fakeredis", "redis-server", "cluster"])
+def any_client(request: pytest.FixtureRequest) -> Any:
+    """``client``, and the 3-master cluster as well."""
+    if request.param == "cluster":
+        return request.getfixturevalue("cluster")
+    return request.getfixturevalue("fake_client" if request.param == "fakeredis" else "real_client")
 
 
 def send(client, outcomes, topic="orders", first=0):
@@ -39,9 +174,9 @@ def send(client, outcomes, topic="orders", first=0):
         ]
 
 
-def consumer(client, name="c1", **kwargs):
+def consumer(api, client, name="c1", **kwargs):
     kwargs.setdefault("block", 0.05)
-    return Consumer("orders", "billing", name, client=client, **kwargs)
+    return api.Consumer("orders", "billing", name, client=client, **kwargs)
 
 
 def drain(c, rounds=5):
@@ -51,9 +186,10 @@ def drain(c, rounds=5):
     return seen
 
 
-def test_consumer_sees_committed_only_and_ack_clears_pending(client):
+def test_consumer_sees_committed_only_and_ack_clears_pending(api, any_client):
+    client = any_client
     results = send(client, [COMMIT, ROLLBACK, COMMIT])
-    c = consumer(client)
+    c = consumer(api, client)
     messages = drain(c)
     assert [m.body for m in messages] == [b"m0", b"m2"]
     assert [m.transaction_id for m in messages] == [results[0].transaction_id, results[2].transaction_id]
@@ -65,25 +201,26 @@ def test_consumer_sees_committed_only_and_ack_clears_pending(client):
     assert client.xpending("orders", "billing")["pending"] == 0
 
 
-def test_group_starts_from_the_beginning_by_default(client):
+def test_group_starts_from_the_beginning_by_default(api, client):
     send(client, [COMMIT])
-    assert [m.body for m in drain(consumer(client))] == [b"m0"]
+    assert [m.body for m in drain(consumer(api, client))] == [b"m0"]
 
 
-def test_unacked_message_of_dead_consumer_is_redelivered(client):
+def test_unacked_message_of_dead_consumer_is_redelivered(api, any_client):
+    client = any_client
     send(client, [COMMIT])
-    dead = consumer(client, "dead", min_idle_time=0.1)
+    dead = consumer(api, client, "dead", min_idle_time=0.1)
     assert [m.body for m in dead.poll()] == [b"m0"]  # ...and it dies without acking
-    survivor = consumer(client, "survivor", min_idle_time=0.1)
+    survivor = consumer(api, client, "survivor", min_idle_time=0.1)
     redelivered = wait_until(lambda: survivor.poll())
     assert [m.body for m in redelivered] == [b"m0"] and redelivered[0].delivery_count == 2
     survivor.ack(redelivered[0])
     assert client.xpending("orders", "billing")["pending"] == 0
 
 
-def test_delivery_limit_moves_entry_to_dead_letters(client):
+def test_delivery_limit_moves_entry_to_dead_letters(api, client):
     send(client, [COMMIT, COMMIT])
-    c = consumer(client, min_idle_time=0.05, max_deliveries=2)
+    c = consumer(api, client, min_idle_time=0.05, max_deliveries=2)
     first = drain(c, 2)
     ok = next(m for m in first if m.body == b"m1")
     c.ack(ok)
@@ -97,9 +234,9 @@ def test_delivery_limit_moves_entry_to_dead_letters(client):
     assert client.xlen("orders") == 2, "the topic stream is never changed by a consumer"
 
 
-def test_handler_failures_are_retried_then_dead_lettered(client):
+def test_handler_failures_are_retried_then_dead_lettered(api, client):
     send(client, [COMMIT, COMMIT])
-    c = consumer(client, min_idle_time=0.05, max_deliveries=3)
+    c = consumer(api, client, min_idle_time=0.05, max_deliveries=3)
     calls = []
 
     def handler(message):
@@ -119,28 +256,28 @@ def test_handler_failures_are_retried_then_dead_lettered(client):
     assert [d["body"] for _, d in c.dead_letters()] == [b"m0"]
 
 
-def test_malformed_entry_is_dead_lettered_and_consumer_goes_on(client, caplog):
+def test_malformed_entry_is_dead_lettered_and_consumer_goes_on(api, client, caplog):
     client.xadd("orders", {"hello": "world"})
     send(client, [COMMIT])
-    c = consumer(client)
+    c = consumer(api, client)
     assert [m.body for m in drain(c)] == [b"m0"]
     ((_, dead),) = c.dead_letters()
     assert dead["hello"] == b"world" and dead["dead_reason"].startswith(b"malformed entry")
     assert any("malformed" in r.getMessage() for r in caplog.records)
 
 
-def test_explicit_dead_letter_is_idempotent(client):
+def test_explicit_dead_letter_is_idempotent(api, client):
     send(client, [COMMIT])
-    c = consumer(client)
+    c = consumer(api, client)
     (message,) = drain(c)
     assert c.dead_letter(message, "poison pill") is True
     assert c.dead_letter(message, "poison pill") is False
     assert len(c.dead_letters()) == 1
 
 
-def test_iteration_stops(client):
+def test_iteration_stops(api, client):
     send(client, [COMMIT, COMMIT])
-    c = consumer(client)
+    c = consumer(api, client)
     seen = []
     for message in c:
         seen.append(message.body)
@@ -156,25 +293,25 @@ def test_dead_stream_shares_the_topic_slot():
 
 
 @pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"min_idle_time": 0}, {"max_deliveries": 0}])
-def test_bad_consumer_settings_refused(fake_client, kwargs):
+def test_bad_consumer_settings_refused(api, fake_client, kwargs):
     with pytest.raises(ConfigurationError):
-        Consumer("orders", "billing", client=fake_client, **kwargs)
+        api.Consumer("orders", "billing", client=fake_client, **kwargs)
 
 
-def test_bad_group_name_refused(fake_client):
+def test_bad_group_name_refused(api, fake_client):
     with pytest.raises(ConfigurationError):
-        Consumer("orders", "bad group", client=fake_client)
+        api.Consumer("orders", "bad group", client=fake_client)
 
 
 def consumer_names(client, stream="orders", group="billing"):
     return sorted(info["name"].decode() for info in client.xinfo_consumers(stream, group))
 
 
-def test_dead_consumer_is_forgotten_once_its_entries_were_claimed(client):
+def test_dead_consumer_is_forgotten_once_its_entries_were_claimed(api, client):
     send(client, [COMMIT])
-    dead = consumer(client, "dead-one", min_idle_time=0.1)
+    dead = consumer(api, client, "dead-one", min_idle_time=0.1)
     assert [m.body for m in dead.poll()] == [b"m0"]  # ...and it dies without acking
-    live = consumer(client, "live", min_idle_time=0.1)
+    live = consumer(api, client, "live", min_idle_time=0.1)
     (redelivered,) = wait_until(live.poll)
     live.ack(redelivered)
     wait_until(lambda: live.poll() == [] and consumer_names(client) == ["live"])
@@ -182,7 +319,7 @@ def test_dead_consumer_is_forgotten_once_its_entries_were_claimed(client):
 
 
 @contextlib.contextmanager
-def running(c: Consumer) -> Iterator[list[bytes]]:
+def running(c: Any) -> Iterator[list[bytes]]:
     """``c.run`` in a thread, collecting the bodies it handled; it must still run at the end of the block."""
     handled: list[bytes] = []
     worker = threading.Thread(target=c.run, args=(lambda m: handled.append(m.body),))
@@ -200,9 +337,9 @@ def blocked_readers(client):
     return [c for c in client.client_list() if c["cmd"] == "xreadgroup" and "b" in c["flags"]]
 
 
-def test_run_survives_dropped_connections(real_client, redis_url, caplog):
-    caplog.set_level(logging.INFO, logger="redis_txmq.consumer")
-    with running(Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.2)) as handled:
+def test_run_survives_dropped_connections(api, real_client, redis_url, caplog):
+    caplog.set_level(logging.INFO, logger=api.logger)
+    with running(api.Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.2)) as handled:
         send(real_client, [COMMIT])
         wait_until(lambda: handled == [b"m0"])
         killed = set()
@@ -219,9 +356,10 @@ def test_run_survives_dropped_connections(real_client, redis_url, caplog):
     assert any("orders" in w and "billing" in w for w in warnings)
 
 
-def test_run_goes_on_after_redis_lost_its_data(real_client, redis_url, caplog):
-    caplog.set_level(logging.INFO, logger="redis_txmq.consumer")
-    with running(Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.05, min_idle_time=0.2)) as handled:
+def test_run_goes_on_after_redis_lost_its_data(api, real_client, redis_url, caplog):
+    caplog.set_level(logging.INFO, logger=api.logger)
+    c = api.Consumer("orders", "billing", "c1", redis_url=redis_url, block=0.05, min_idle_time=0.2)
+    with running(c) as handled:
         send(real_client, [COMMIT])
         wait_until(lambda: handled == [b"m0"])
         real_client.flushall()
@@ -234,9 +372,9 @@ def test_run_goes_on_after_redis_lost_its_data(real_client, redis_url, caplog):
 
 
 @pytest.mark.parametrize("min_idle_time", [0.001, 30.0], ids=["claim-first", "read-first"])
-def test_poll_recreates_a_lost_group(client, min_idle_time):
+def test_poll_recreates_a_lost_group(api, client, min_idle_time):
     send(client, [COMMIT])
-    c = consumer(client, min_idle_time=min_idle_time)
+    c = consumer(api, client, min_idle_time=min_idle_time)
     (first,) = c.poll()
     c.ack(first)
     assert c.poll() == []  # blocks `block`: with the tiny min_idle_time a claim is due when the next poll starts
@@ -282,11 +420,11 @@ def restartable_redis(tmp_path):
     server.stop()
 
 
-def test_iteration_rides_out_a_redis_restart(restartable_redis, caplog):
-    caplog.set_level(logging.INFO, logger="redis_txmq.consumer")
+def test_iteration_rides_out_a_redis_restart(api, restartable_redis, caplog):
+    caplog.set_level(logging.INFO, logger=api.logger)
     server = restartable_redis
     publisher = redis.Redis.from_url(server.url)
-    c = Consumer("orders", "billing", "c1", redis_url=server.url, block=0.05, min_idle_time=0.2)
+    c = api.Consumer("orders", "billing", "c1", redis_url=server.url, block=0.05, min_idle_time=0.2)
     seen = []
 
     def consume():
@@ -308,7 +446,7 @@ def test_iteration_rides_out_a_redis_restart(restartable_redis, caplog):
         with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
             c.dead_letters()
         with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
-            Consumer("orders", "billing", redis_url=server.url)
+            api.Consumer("orders", "billing", redis_url=server.url)
         assert worker.is_alive()
         server.start()
         send(publisher, [COMMIT], first=1)
@@ -321,29 +459,126 @@ def test_iteration_rides_out_a_redis_restart(restartable_redis, caplog):
     assert [m.body for m in seen] == [b"m0", b"m1"]
 
 
-def test_redis_errors_are_wrapped(fake_client, monkeypatch):
+def test_redis_errors_are_wrapped(api, fake_client, monkeypatch):
     send(fake_client, [COMMIT])
-    c = consumer(fake_client)
+    c = consumer(api, fake_client)
     (message,) = drain(c, 1)
 
     def cluster_down(*args, **kwargs):
         raise RedisClusterException("Redis Cluster cannot be connected")
 
     for command in ("xack", "xrange", "xgroup_destroy"):
-        monkeypatch.setattr(fake_client, command, cluster_down)
+        monkeypatch.setattr(api.twin(fake_client), command, cluster_down)
     with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
         c.ack(message)
     with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
         c.dead_letters()
     with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
         c.delete_group()
-    monkeypatch.setattr(fake_client, "hget", cluster_down)
+    monkeypatch.setattr(api.twin(fake_client), "hget", cluster_down)
     with pytest.raises(TxMQConnectionError, match="'orders'.*'billing'"):
-        consumer(fake_client)
+        consumer(api, fake_client)
 
 
-def test_delete_group_after_data_loss_is_not_an_error(client):
-    c = consumer(client)
+def test_delete_group_after_data_loss_is_not_an_error(api, client):
+    c = consumer(api, client)
     client.flushall()
     c.delete_group()
     assert not client.exists("orders")
+
+
+def test_partitions_are_read_in_turn_and_acked(api, any_client):
+    client = any_client
+    create_topic(client, "orders", 3)
+    send(client, [COMMIT] * 12)
+    c = consumer(api, client)
+    seen = []
+    for _ in range(10):
+        for message in c.poll():
+            seen.append((message.partition, message.body))
+            c.ack(message)
+    assert sorted(body for _, body in seen) == sorted(f"m{i}".encode() for i in range(12))
+    assert {partition for partition, _ in seen} == {0, 1, 2}
+    for p in range(3):
+        assert client.xpending(TopicKeys("orders", p, partitioned=True).topic_stream, "billing")["pending"] == 0
+
+
+# The asyncio consumer's own behaviour.
+
+
+@pytest.mark.parametrize("read", ["poll", "iteration"])
+def test_a_cancelled_read_leaves_the_asyncio_consumer_usable(real_client, redis_url, read):
+    """redis-py's asyncio client drops the connection of a cancelled command: the next read gets a new one, and no
+    stale blocked read takes the next message."""
+
+    async def scenario():
+        async with AsyncConsumer("orders", "billing", "c1", redis_url=redis_url, block=30) as c:
+
+            async def read_one():
+                if read == "poll":
+                    return await c.poll()
+                async for message in c:
+                    return [message]
+
+            blocked = asyncio.create_task(read_one())
+            await asyncio.to_thread(wait_until, lambda: blocked_readers(real_client))
+            blocked.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await blocked
+            send(real_client, [COMMIT])
+            (message,) = await asyncio.wait_for(read_one(), timeout=10)
+            await c.ack(message)
+            return message
+
+    message = asyncio.run(scenario())
+    assert message.body == b"m0" and message.delivery_count == 1
+    assert real_client.xpending("orders", "billing")["pending"] == 0
+
+
+def test_asyncio_run_awaits_async_handlers_and_calls_plain_ones_on_the_loop(fake_client):
+    send(fake_client, [COMMIT] * 4)
+
+    async def scenario():
+        loop_thread = threading.get_ident()
+        seen = []
+
+        def plain(message):
+            seen.append((message.body, threading.get_ident() == loop_thread))
+
+        async def coroutine(message):
+            await asyncio.sleep(0)
+            seen.append((message.body, True))
+
+        client = asyncio_twin(fake_client)
+        async with AsyncConsumer("orders", "billing", "c1", client=client, block=0.05, batch_size=2) as c:
+            assert await c.run(plain, max_messages=2) == 2
+            assert await c.run(coroutine, max_messages=2) == 2
+        await client.aclose()
+        return seen
+
+    assert asyncio.run(scenario()) == [(b"m0", True), (b"m1", True), (b"m2", True), (b"m3", True)]
+    assert fake_client.xpending("orders", "billing")["pending"] == 0
+
+
+def test_asyncio_consumer_sets_itself_up_on_first_use(fake_client):
+    send(fake_client, [COMMIT])
+
+    async def scenario():
+        client = asyncio_twin(fake_client)
+        c = AsyncConsumer("orders", "billing", "c1", client=client, block=0.05)
+        assert c.partitions == [], "the constructor does no I/O"
+        (message,) = await c.poll()
+        await c.ack(message)
+        await c.close()
+        await client.aclose()
+        return message
+
+    assert asyncio.run(scenario()).body == b"m0"
+    assert fake_client.xpending("orders", "billing")["pending"] == 0
+
+
+def test_each_consumer_refuses_a_client_of_the_other_api(fake_client):
+    with pytest.raises(ConfigurationError, match="asyncio"):
+        Consumer("orders", "billing", client=fakeredis.FakeAsyncRedis())
+    with pytest.raises(ConfigurationError, match="asyncio"):
+        AsyncConsumer("orders", "billing", client=fake_client)

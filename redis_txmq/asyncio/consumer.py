@@ -14,11 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-from ..config import Settings
-from ..connection import REDIS_ERRORS, resolve_client
-from ..consuming import Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T, is_asyncio_client
+from ..consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from ..entries import ConsumedMessage
-from ..errors import ConfigurationError, TxMQConnectionError
 from .scripts import preload
 
 logger = logging.getLogger(__name__)
@@ -41,19 +38,8 @@ class Consumer(ConsumerProtocol):
     """
 
     _logger = logger
-
-    def _new_event(self) -> asyncio.Event:
-        return asyncio.Event()
-
-    def _resolve_client(
-        self, redis_url: str | None, client: Any, settings: Settings | None
-    ) -> tuple[Any, Settings, bool]:
-        if client is not None and not is_asyncio_client(client):
-            raise ConfigurationError(
-                f"{self._where}: {type(client).__name__} is not an asyncio client; pass a redis.asyncio.Redis or "
-                "redis.asyncio.cluster.RedisCluster, or use redis_txmq.Consumer"
-            )
-        return resolve_client(redis_url, client, settings, asyncio=True)
+    _asyncio = True
+    _event_type = asyncio.Event
 
     async def _drive(self, steps: Steps[T]) -> T:
         with Driver(steps) as driver:
@@ -79,7 +65,7 @@ class Consumer(ConsumerProtocol):
         try:
             await self._drive(self._ready_steps())
             await preload(*self._scripts.values())
-        except (TxMQConnectionError, *REDIS_ERRORS) as exc:
+        except SETUP_ERRORS as exc:
             raise self._setup_error(exc) from exc
         return self
 

@@ -1,0 +1,526 @@
+"""The consumer without I/O: what it sends to Redis, how it reads the replies, and what it decides.
+
+:class:`ConsumerProtocol` holds a consumer's settings and state (its partitions, claim cursors, whose turn it is to
+be read) and writes each operation as a generator of *effects*: a :class:`Command` for Redis, a :class:`Pause`
+before a retry, a :class:`Handle` of a message by the user's handler. The outcome of each effect is sent back into
+the generator (or, when it failed, thrown into it), so the decisions — claim before read, the delivery limit,
+NOGROUP recovery, backoff, error messages — are written once. :class:`redis_txmq.Consumer` performs the effects
+with blocking calls, :class:`redis_txmq.asyncio.Consumer` with ``await``; that is all they do: both subclass
+:class:`ConsumerProtocol`, which also holds the constructor, its validation and the error messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar, Generic, TypeVar
+
+import redis
+import redis.asyncio
+
+from .config import Settings
+from .connection import REDIS_ERRORS, instance_id, redact_url, resolve_client
+from .entries import ConsumedMessage, decode_topic_entry, stream_batches, text
+from .errors import ConfigurationError, CorruptEntryError, TxMQConnectionError
+from .groups import (
+    CURSOR_START,
+    ensure_group_call,
+    ensure_group_error,
+    forget_consumers_call,
+    is_missing_group,
+    removed_names,
+)
+from .keys import TopicKeys, topic_meta_key
+from .message import validate_name
+from .scripts import CONSUMER_PRELUDE, register_script
+from .topics import count_of, partition_keys_of
+
+T = TypeVar("T")
+
+SETUP_ERRORS: tuple[type[Exception], ...] = (TxMQConnectionError, *REDIS_ERRORS)
+"""What setting up a consumer can raise, wrapped by :meth:`ConsumerProtocol._setup_error`."""
+RETRY_FIRST_DELAY = 0.1
+RETRY_MAX_DELAY = 5.0
+CLAIM = "consumer_claim"
+DEAD_LETTER = "consumer_dead_letter"
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One Redis call: a method of the client (``xreadgroup``, ``eval``...) or one of the consumer's scripts."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def apply(self, client: Any, scripts: Mapping[str, Any]) -> Any:
+        """The reply; with an asyncio client, the awaitable of the reply."""
+        function = scripts[self.name] if self.name in scripts else getattr(client, self.name)
+        return function(*self.args, **self.kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Wait ``seconds`` before a retry; less when the consumer is stopped meanwhile."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """Give ``message`` to the user's ``handler``; what it raises is thrown back into the steps."""
+
+    handler: Callable[[ConsumedMessage], Any]
+    message: ConsumedMessage
+
+
+Effect = Command | Pause | Handle
+Steps = Generator[Effect, Any, T]
+
+
+class Driver(Generic[T]):
+    """Runs steps for a consumer that performs their effects: hands the effects out one by one, and sends each
+    outcome back in. An ``Exception`` from performing one is thrown into the steps, which decide what it means;
+    anything else (``KeyboardInterrupt``, ``asyncio.CancelledError``) ends them where they stand::
+
+        with Driver(steps) as driver:
+            for effect in driver:
+                with driver.outcome():
+                    driver.reply = perform(effect)
+        return driver.result
+    """
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self._steps = steps
+        self._error: Exception | None = None
+        self.reply: Any = None
+        self.result: T
+
+    def __iter__(self) -> Iterator[Effect]:
+        while True:
+            reply, error = self.reply, self._error
+            self.reply = self._error = None
+            try:
+                effect = self._steps.send(reply) if error is None else self._steps.throw(error)
+            except StopIteration as done:
+                self.result = done.value
+                return
+            yield effect
+
+    @contextlib.contextmanager
+    def outcome(self) -> Iterator[None]:
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - the steps decide what a failure means
+            self._error = exc
+
+    def __enter__(self) -> Driver[T]:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._steps.close()
+
+
+def is_asyncio_client(client: Any) -> bool:
+    """True for a ``redis.asyncio`` client (fakeredis' included): its calls return awaitables."""
+    return isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster))
+
+
+_OTHER_API = {
+    False: "is an asyncio client; use redis_txmq.asyncio.Consumer",
+    True: "is not an asyncio client; pass a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster, or use "
+    "redis_txmq.Consumer",
+}
+
+
+class Backoff:
+    """Delays between attempts while Redis fails: doubling from ``RETRY_FIRST_DELAY`` up to ``RETRY_MAX_DELAY``,
+    with jitter so that the consumers of a restarted server do not all come back in the same millisecond."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        delay = min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2 ** min(self.failures, 16))
+        self.failures += 1
+        return delay * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
+
+
+class ConsumerProtocol:
+    """Reads one topic through a consumer group; each message goes to one consumer of the group.
+
+    Unacked messages of a consumer that died are claimed by a live one after ``min_idle_time`` seconds, and the
+    dead consumer's name is then removed from the group; a message delivered more than ``max_deliveries`` times
+    moves to the group's dead-letter stream (``txmq:{<topic>}:consumer-dead:<group>``) with its reason instead of
+    being delivered again. ``start_id`` is where a new group starts: ``"0"`` (default, nothing committed is missed)
+    or ``"$"``; a group that Redis lost (restart without persistence, failover to a lagging replica) is created
+    again from ``start_id`` too.
+
+    Iteration and ``run`` ride out dropped connections and restarts, retrying with backoff until ``stop()``;
+    the other methods raise :class:`~redis_txmq.errors.TxMQConnectionError` when Redis fails.
+    """
+
+    _logger: ClassVar[logging.Logger]
+    _asyncio: ClassVar[bool]
+    """Whether the subclass awaits a ``redis.asyncio`` client."""
+    _event_type: ClassVar[type[Any]]
+    """``threading.Event`` or ``asyncio.Event``: the steps only ask ``is_set()``."""
+
+    def __init__(
+        self,
+        topic: str,
+        group: str,
+        consumer_name: str | None = None,
+        *,
+        redis_url: str | None = None,
+        client: Any = None,
+        settings: Settings | None = None,
+        start_id: str = "0",
+        batch_size: int = 16,
+        block: float = 1.0,
+        min_idle_time: float = 30.0,
+        max_deliveries: int = 16,
+    ) -> None:
+        validate_name(topic, "topic")
+        self.group = validate_name(group, "consumer group")
+        if not 1 <= batch_size <= 1000:
+            raise ConfigurationError(f"topic {topic!r}: batch_size must be 1..1000, got {batch_size}")
+        if block < 0 or min_idle_time <= 0 or max_deliveries < 1:
+            raise ConfigurationError(f"topic {topic!r}: need block >= 0, min_idle_time > 0 and max_deliveries >= 1")
+        self.topic = topic
+        self.consumer_name = consumer_name or instance_id("consumer")
+        self.start_id = start_id
+        self.batch_size = batch_size
+        self.block = block
+        self.min_idle_time = min_idle_time
+        self.max_deliveries = max_deliveries
+        self.partitions: list[TopicKeys] = []
+        self._by_stream: dict[str, TopicKeys] = {}
+        self._claim_cursors: dict[str, str] = {}
+        self._next_claim = 0.0
+        self._next_partition = 0
+        self._stop = self._event_type()
+        try:
+            self.client, self.settings, self._owns_client = self._resolve_client(redis_url, client, settings)
+        except REDIS_ERRORS as exc:  # a cluster client connects when it is made
+            raise TxMQConnectionError(
+                f"{self._where}: could not connect to Redis: {exc}; check redis_url (or TXMQ_REDIS_URL) and that "
+                "Redis is reachable, then create the consumer again"
+            ) from exc
+        self._scripts = {name: register_script(self.client, name, CONSUMER_PRELUDE) for name in (CLAIM, DEAD_LETTER)}
+        self._created()
+
+    def _resolve_client(
+        self, redis_url: str | None, client: Any, settings: Settings | None
+    ) -> tuple[Any, Settings, bool]:
+        """The client, the effective settings, and whether this consumer made the client (and closes it)."""
+        if client is not None and is_asyncio_client(client) != self._asyncio:
+            raise ConfigurationError(f"{self._where}: {type(client).__name__} {_OTHER_API[self._asyncio]}")
+        return resolve_client(redis_url, client, settings, asyncio=self._asyncio)
+
+    def _created(self) -> None:
+        """Called at the end of the constructor: the sync consumer sets up its groups here."""
+
+    @property
+    def _where(self) -> str:
+        return f"topic {self.topic!r}, group {self.group!r}"
+
+    def _error(self, action: str, exc: BaseException, then: str) -> TxMQConnectionError:
+        return TxMQConnectionError(f"{self._where}: {action} failed: {exc}; {then}")
+
+    def _setup_error(self, exc: BaseException) -> TxMQConnectionError:
+        where = redact_url(self.settings.redis_url) if self._owns_client else "the client's server"
+        return TxMQConnectionError(
+            f"{self._where}: could not set up the consumer group: {exc}; check that Redis ({where}) is "
+            "reachable, then create the consumer again"
+        )
+
+    @property
+    def dead_streams(self) -> list[str]:
+        """The keys of this group's dead-letter streams, one per partition."""
+        return [keys.consumer_dead_stream(self.group) for keys in self.partitions]
+
+    def stop(self) -> None:
+        """Make iteration and ``run`` return after the current poll, or at once while they wait to retry.
+
+        Thread-safe in the sync consumer; call the asyncio consumer's from its event loop."""
+        self._stop.set()
+
+    def _script_keys(self, keys: TopicKeys) -> list[str]:
+        return [keys.topic_stream, keys.consumer_dead_stream(self.group)]
+
+    def _setup_steps(self) -> Steps[None]:
+        """Read the topic's partitions and create the group on each (where it does not exist yet)."""
+        count = count_of((yield Command("hget", (topic_meta_key(self.topic), "partitions"))))
+        partitions = partition_keys_of(self.topic, count)
+        for keys in partitions:
+            yield from self._ensure_group_steps(keys)
+        self._by_stream = {keys.topic_stream: keys for keys in partitions}
+        self._claim_cursors = {keys.topic_stream: CURSOR_START for keys in partitions}
+        self.partitions = partitions
+
+    def _ready_steps(self) -> Steps[None]:
+        if not self.partitions:
+            yield from self._setup_steps()
+
+    def _ensure_group_steps(self, keys: TopicKeys) -> Steps[None]:
+        try:
+            yield Command("eval", ensure_group_call(keys.topic_stream, self.group, self.start_id))
+        except REDIS_ERRORS as exc:
+            raise ensure_group_error(keys.topic_stream, self.group, exc) from exc
+
+    def _poll_steps(self, timeout: float | None) -> Steps[list[ConsumedMessage]]:
+        block_ms = int((self.block if timeout is None else timeout) * 1000)
+        try:
+            yield from self._ready_steps()
+            messages = yield from self._claim_steps()
+            if messages:
+                return messages
+            return (yield from self._read_steps(block_ms))
+        except REDIS_ERRORS as exc:
+            raise self._error(
+                "read", exc, "check that Redis is up and poll again (iteration and run() retry by themselves)"
+            ) from exc
+
+    def _recreate_group_steps(self, keys: TopicKeys, exc: redis.ResponseError) -> Steps[None]:
+        """The stream or its group is gone (Redis lost its data, or someone deleted it): create the group again
+        from ``start_id``. What was lost stays lost; what the stream holds now is read from ``start_id``.
+        Any other error is raised again."""
+        if not is_missing_group(exc):
+            raise exc
+        self._logger.warning(
+            "topic=%s group=%s stream=%s: consumer group is gone (%s); Redis lost its data? recreating it from %s",
+            self.topic,
+            self.group,
+            keys.topic_stream,
+            exc,
+            self.start_id,
+        )
+        self._claim_cursors[keys.topic_stream] = CURSOR_START
+        yield from self._ensure_group_steps(keys)
+
+    def _read_steps(self, block_ms: int) -> Steps[list[ConsumedMessage]]:
+        """New entries of the partitions, in turn; blocks on one of them when none has any (a blocking read of
+        several streams in one call would cross hash slots on Cluster)."""
+        count = len(self.partitions)
+        for turn in range(count):
+            keys = self.partitions[(self._next_partition + turn) % count]
+            last = turn == count - 1
+            try:
+                reply = yield Command(
+                    "xreadgroup",
+                    (self.group, self.consumer_name, {keys.topic_stream: ">"}),
+                    {"count": self.batch_size, "block": (block_ms or None) if last else None},
+                )
+            except redis.ResponseError as exc:
+                yield from self._recreate_group_steps(keys, exc)
+                continue
+            raw = [(entry_id, fields, 1) for _, batch in stream_batches(reply) for entry_id, fields in batch]
+            if raw:
+                self._next_partition = (self._next_partition + turn + 1) % count
+                return (yield from self._decode_steps(keys, raw))
+        self._next_partition = (self._next_partition + 1) % count
+        return []
+
+    def _claim_steps(self) -> Steps[list[ConsumedMessage]]:
+        """XAUTOCLAIM through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once a scan ends.
+
+        The script also dead-letters what reached ``max_deliveries``; when a walk of a partition's pending list
+        ends, the consumers that hold nothing and were idle ``min_idle_time`` (dead instances whose entries the
+        walk took over) are removed."""
+        now = time.monotonic()
+        scanning = any(cursor != CURSOR_START for cursor in self._claim_cursors.values())
+        if not scanning and now < self._next_claim:
+            return []
+        messages: list[ConsumedMessage] = []
+        for keys in self.partitions:
+            cursor = self._claim_cursors[keys.topic_stream]
+            if scanning and cursor == CURSOR_START:
+                continue
+            args = [self.group, self.consumer_name, self._idle_ms, cursor, min(self.batch_size, 100)]
+            try:
+                reply = yield Command(
+                    CLAIM, (), {"keys": self._script_keys(keys), "args": [*args, self.max_deliveries]}
+                )
+            except redis.ResponseError as exc:
+                yield from self._recreate_group_steps(keys, exc)
+                continue
+            self._claim_cursors[keys.topic_stream] = text(reply[0]) or CURSOR_START
+            if self._claim_cursors[keys.topic_stream] == CURSOR_START:
+                yield from self._forget_dead_consumers_steps(keys)
+            claimed = [(entry_id, fields, int(count)) for entry_id, count, fields in reply[1:]]
+            for entry_id, _, count in claimed:
+                self._logger.info(
+                    "topic=%s group=%s re-delivering %s (delivery %d)", self.topic, self.group, text(entry_id), count
+                )
+            messages.extend((yield from self._decode_steps(keys, claimed)))
+        if all(cursor == CURSOR_START for cursor in self._claim_cursors.values()):
+            self._next_claim = now + self.min_idle_time / 2
+        return messages
+
+    @property
+    def _idle_ms(self) -> int:
+        return int(self.min_idle_time * 1000)
+
+    def _forget_dead_consumers_steps(self, keys: TopicKeys) -> Steps[None]:
+        """A walk of the pending list ended: the consumers it took entries over from are dead; drop their names."""
+        call = forget_consumers_call(keys.topic_stream, self.group, self.consumer_name, self._idle_ms)
+        gone = removed_names((yield Command("eval", call)))
+        if gone:
+            self._logger.info("topic=%s group=%s removed dead consumers %s", self.topic, self.group, ", ".join(gone))
+
+    def _decode_steps(self, keys: TopicKeys, raw: list[tuple[Any, Any, int]]) -> Steps[list[ConsumedMessage]]:
+        """The entries as messages; a malformed one (written by another tool) goes to the dead letters."""
+        messages = []
+        for entry_id, fields, count in raw:
+            if fields is None:
+                continue
+            try:
+                messages.append(
+                    decode_topic_entry(self.topic, keys.topic_stream, entry_id, fields, count, partition=keys.partition)
+                )
+            except CorruptEntryError as exc:
+                self._logger.error("topic=%s group=%s dead-lettering malformed entry: %s", self.topic, self.group, exc)
+                yield from self._move_to_dead_steps(keys, text(entry_id) or "", f"malformed entry: {exc}", count)
+        return messages
+
+    def _ack_steps(self, message: ConsumedMessage) -> Steps[None]:
+        try:
+            yield Command("xack", (message.stream, self.group, message.id))
+        except REDIS_ERRORS as exc:
+            raise self._error(
+                f"ack of {message.id}",
+                exc,
+                f"the message stays pending: ack it again, or it is re-delivered after {self.min_idle_time} s",
+            ) from exc
+
+    def _dead_letter_steps(self, message: ConsumedMessage, reason: str) -> Steps[bool]:
+        try:
+            yield from self._ready_steps()
+            return (
+                yield from self._move_to_dead_steps(
+                    self._by_stream[message.stream], message.id, reason, message.delivery_count
+                )
+            )
+        except REDIS_ERRORS as exc:
+            raise self._error(
+                f"dead-lettering {message.id}", exc, "the message stays pending: call dead_letter() again"
+            ) from exc
+
+    def _move_to_dead_steps(self, keys: TopicKeys, entry_id: str, reason: str, delivery_count: int) -> Steps[bool]:
+        moved = yield Command(
+            DEAD_LETTER, (), {"keys": self._script_keys(keys), "args": [self.group, entry_id, reason, delivery_count]}
+        )
+        return bool(int(moved))
+
+    def _dead_letters_steps(self, count: int) -> Steps[list[tuple[str, dict[str, bytes]]]]:
+        try:
+            yield from self._ready_steps()
+            letters: list[tuple[str, dict[str, bytes]]] = []
+            for stream in self.dead_streams:
+                entries = yield Command("xrange", (stream,), {"count": count})
+                letters.extend(
+                    (text(entry_id) or "", {text(k) or "": v for k, v in fields.items()})
+                    for entry_id, fields in entries
+                )
+            return letters
+        except REDIS_ERRORS as exc:
+            raise self._error("reading the dead letters", exc, "check that Redis is up and retry") from exc
+
+    def _delete_group_steps(self) -> Steps[None]:
+        self.stop()
+        try:
+            yield from self._ready_steps()
+        except REDIS_ERRORS as exc:
+            raise self._error("deleting the group", exc, "check that Redis is up and retry") from exc
+        for keys in self.partitions:
+            try:
+                yield Command("xgroup_destroy", (keys.topic_stream, self.group))
+            except redis.ResponseError as exc:
+                if not is_missing_group(exc):
+                    raise self._error("deleting the group", exc, "check the stream's type and retry") from exc
+            except REDIS_ERRORS as exc:
+                raise self._error("deleting the group", exc, "check that Redis is up and retry") from exc
+
+    def _batch_steps(self) -> Steps[list[ConsumedMessage] | None]:
+        """The next poll's messages for iteration, riding out failures with backoff; None once stopped."""
+        backoff = Backoff()
+        while not self._stop.is_set():
+            try:
+                messages = yield from self._poll_steps(None)
+            except Exception as exc:
+                if self._stop.is_set():  # close() from another thread may have closed the client under this read
+                    break
+                if not isinstance(exc, TxMQConnectionError):
+                    raise
+                yield self._retry_pause(backoff, "read", exc)
+                continue
+            if backoff.failures:
+                self._logger.info(
+                    "topic=%s group=%s reading again after %d failed attempts", self.topic, self.group, backoff.failures
+                )
+            return messages
+        return None
+
+    def _retry_pause(self, backoff: Backoff, action: str, exc: TxMQConnectionError) -> Pause:
+        delay = backoff.next_delay()
+        self._logger.warning(
+            "topic=%s group=%s consumer=%s %s failed (attempt %d): %s; retrying in %.2f s",
+            self.topic,
+            self.group,
+            self.consumer_name,
+            action,
+            backoff.failures,
+            exc.__cause__ or exc,
+            delay,
+        )
+        return Pause(delay)
+
+    def _ack_until_stopped_steps(self, message: ConsumedMessage) -> Steps[None]:
+        """Ack, retrying while Redis is unreachable (an ack that never lands means the message is handled twice)."""
+        backoff = Backoff()
+        while True:
+            try:
+                yield from self._ack_steps(message)
+                return
+            except TxMQConnectionError as exc:
+                if self._stop.is_set():
+                    self._logger.warning(
+                        "topic=%s group=%s stopped before %s could be acked (%s); it will be re-delivered",
+                        self.topic,
+                        self.group,
+                        message.id,
+                        exc.__cause__ or exc,
+                    )
+                    return
+                yield self._retry_pause(backoff, f"ack of {message.id}", exc)
+
+    def _run_steps(self, handler: Callable[[ConsumedMessage], Any], max_messages: int | None) -> Steps[int]:
+        """Each message to ``handler``, acked when it returns; one that raises stays pending for re-delivery."""
+        handled = 0
+        while (batch := (yield from self._batch_steps())) is not None:
+            for message in batch:
+                try:
+                    yield Handle(handler, message)
+                except Exception:  # noqa: BLE001 - a failing handler must not kill the consumer
+                    self._logger.exception(
+                        "topic=%s group=%s tx=%s handler failed on %s (delivery %d); will re-deliver",
+                        self.topic,
+                        self.group,
+                        message.transaction_id,
+                        message.id,
+                        message.delivery_count,
+                    )
+                    continue
+                yield from self._ack_until_stopped_steps(message)
+                handled += 1
+                if max_messages is not None and handled >= max_messages:
+                    return handled
+        return handled
