@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.cluster import RedisCluster
@@ -25,14 +25,33 @@ from .connection import REDIS_ERRORS
 from .errors import CorruptEntryError, TxMQConnectionError
 from .groups import Backoff, PendingTakeover, ensure_consumer_group, is_missing_group
 from .heartbeat import Heartbeat
-from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
+from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, TOPIC_REGISTRY, GroupKeys
 from .listener import TransactionListener, local_state
 from .message import LocalTransactionState, Message
+from .topics import restore_partitions_call
 
 logger = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 100
 """How long one read waits for requests: also the longest a shutdown waits for the reader."""
+
+
+@dataclass(frozen=True)
+class Registrations:
+    """What a producer re-asserts with every heartbeat: the topic streams it wrote to, its topics' partitions."""
+
+    streams: frozenset[str] = frozenset()
+    partitions: dict[str, int] = field(default_factory=dict)
+
+    def sets(self, producer_group: str) -> list[tuple[str, list[str]]]:
+        """``(registry key, members)`` to SADD: the producer group, and the topic streams."""
+        sets = [(GROUP_REGISTRY, [producer_group])]
+        if self.streams:
+            sets.append((TOPIC_REGISTRY, sorted(self.streams)))
+        return sets
+
+    def partition_calls(self) -> list[tuple[Any, ...]]:
+        return [restore_partitions_call(topic, count) for topic, count in sorted(self.partitions.items())]
 
 
 @dataclass(slots=True)
@@ -80,6 +99,26 @@ class CheckRequest:
         )
 
 
+def read_failed(producer_group: str, exc: Exception, backoff: Backoff) -> float | None:
+    """What the check-request reader does after a failure: None to set up again (the consumer group is gone: Redis
+    lost its data), else how long to wait before the next try. Logged; an unexpected error with its traceback."""
+    if is_missing_group(exc):
+        logger.warning(
+            "group=%s: the check-request consumer group is gone (Redis lost its data?); recreating it", producer_group
+        )
+        return None
+    delay = backoff.next()
+    expected = isinstance(exc, (*REDIS_ERRORS, TxMQConnectionError))
+    logger.warning(
+        "group=%s reading check requests failed: %s; retrying in %.1f s",
+        producer_group,
+        exc,
+        delay,
+        exc_info=None if expected else exc,
+    )
+    return delay
+
+
 def queue_finish(pipe: Any, requests_stream: str, request_id: str, reply: dict[str, Any] | None) -> None:
     """Queue on a (sync or asyncio) pipeline the answer (when there is one), then the request's ack and delete."""
     if reply is not None:
@@ -98,7 +137,7 @@ class CheckRequestHandler:
         listener: TransactionListener,
         settings: Settings,
         instance_id: str,
-        registrations: Callable[[Any], None] | None = None,
+        registrations: Callable[[], Registrations] | None = None,
     ) -> None:
         self.client = client
         self.producer_group = producer_group
@@ -139,15 +178,17 @@ class CheckRequestHandler:
         self._needs_set_up = False
 
     def _beat(self) -> None:
-        """Heartbeat, and re-assert the registries (this group, and what ``registrations`` adds to the pipeline: the
-        producer's topic streams and partition counts): a Redis that lost its data (restart without persistence,
-        failover to a lagging replica) heals within a beat."""
+        """Heartbeat, and re-assert the registries (this group, and the producer's ``registrations``: the topic
+        streams it wrote to and its topics' partition counts): a Redis that lost its data (restart without
+        persistence, failover to a lagging replica) heals within a beat."""
         self.heartbeat.beat()
+        registrations = self.registrations() if self.registrations is not None else Registrations()
         pipe = self.client.pipeline(transaction=False)
-        pipe.sadd(GROUP_REGISTRY, self.producer_group)
-        if self.registrations is not None:
-            self.registrations(pipe)
+        for key, members in registrations.sets(self.producer_group):
+            pipe.sadd(key, *members)
         pipe.execute()
+        for call in registrations.partition_calls():
+            self.client.eval(*call)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop reading, finish the checks that are running, hand the queued ones back to other instances."""
@@ -190,18 +231,11 @@ class CheckRequestHandler:
                     next_beat = now + self.settings.heartbeat_interval
                 self._read_once()
                 backoff.reset()
-            except REDIS_ERRORS + (TxMQConnectionError,) as exc:
-                if is_missing_group(exc):
-                    logger.warning(
-                        "group=%s: the check-request consumer group is gone (Redis lost its data?); recreating it",
-                        self.producer_group,
-                    )
+            except Exception as exc:  # noqa: BLE001 - the reader must outlive any failure: it answers check-backs
+                delay = read_failed(self.producer_group, exc, backoff)
+                if delay is None:
                     self._needs_set_up = True
                     continue
-                delay = backoff.next()
-                logger.warning(
-                    "group=%s reading check requests failed: %s; retrying in %.1f s", self.producer_group, exc, delay
-                )
                 self._stop.wait(delay)
 
     def _read_once(self) -> None:

@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any
 
 from .broker import RedisBroker
-from .check_handler import CheckRequestHandler
+from .check_handler import CheckRequestHandler, Registrations
 from .config import Settings
 from .connection import REDIS_ERRORS, instance_id, resolve_client
 from .errors import (
@@ -17,7 +17,6 @@ from .errors import (
     TxMQConnectionError,
     TxMQError,
 )
-from .keys import TOPIC_REGISTRY
 from .listener import TransactionListener, local_state
 from .message import (
     LocalTransactionState,
@@ -27,7 +26,7 @@ from .message import (
 )
 from .oneway import EndFlusher
 from .sending import CheckerListener, InFlight, listener_of, new_send, routing_error
-from .topics import PartitionRouter, restore_partitions
+from .topics import PartitionRouter
 from .transaction import Transaction
 
 logger = logging.getLogger(__name__)
@@ -99,15 +98,11 @@ class TransactionProducer:
             self._state = _State.RUNNING
         return self
 
-    def _registrations(self, pipe: Any) -> None:
-        """Re-assert, with every heartbeat, what this producer registered: the topic streams it wrote to (the
-        checker walks them) and the partition counts of its topics (a producer started after Redis lost them would
-        write every message to one partition)."""
-        streams = self.broker.registered_streams()
-        if streams:
-            pipe.sadd(TOPIC_REGISTRY, *streams)
-        for topic, partitions in self._router.partitioned_topics().items():
-            restore_partitions(pipe, topic, partitions)
+    def _registrations(self) -> Registrations:
+        """Re-asserted with every heartbeat: the topic streams this producer wrote to (the checker walks them) and
+        the partition counts of its topics (a producer started after Redis lost them would write every message to
+        one partition)."""
+        return Registrations(self.broker.registered_streams(), self._router.partitioned_topics())
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every end a one-way producer queued before this call has been applied (or has failed,

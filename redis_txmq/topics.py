@@ -56,10 +56,11 @@ def create_topic(client: Any, topic: str, partitions: int) -> int:
     return count
 
 
-def restore_partitions(pipe: Any, topic: str, partitions: int) -> None:
-    """Queue ``create_topic.lua`` on a pipeline: puts back a partition count that Redis lost (a no-op when it is
-    there, refused when the unpartitioned stream has messages); the producer re-asserts what it routes by."""
-    pipe.eval(script_source("create_topic"), 2, topic_meta_key(topic), topic_stream_key(topic), partitions)
+def restore_partitions_call(topic: str, partitions: int) -> tuple[Any, ...]:
+    """The EVAL arguments of ``create_topic.lua`` that put back a partition count Redis lost (a no-op when it is
+    there, refused when the unpartitioned stream has messages): the producer re-asserts what it routes by. A call
+    of its own, not a pipeline's: cluster pipelines refuse scripts."""
+    return (script_source("create_topic"), 2, topic_meta_key(topic), topic_stream_key(topic), partitions)
 
 
 def partition_count(client: Any, topic: str) -> int:

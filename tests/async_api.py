@@ -17,6 +17,8 @@ from typing import Any
 import fakeredis
 import pytest
 import redis.asyncio
+import redis.asyncio.cluster
+from redis.cluster import RedisCluster
 
 from redis_txmq import TransactionProducer
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
@@ -122,7 +124,10 @@ class SyncFacade:
 
 
 def async_client_like(client: Any) -> Any:
-    """A ``redis.asyncio`` client of the server ``client`` talks to (fakeredis: the same fake server)."""
+    """A ``redis.asyncio`` client of the server (or cluster) ``client`` talks to (fakeredis: the same fake server)."""
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()
+        return redis.asyncio.cluster.RedisCluster(host=node.host, port=node.port)
     kwargs = client.connection_pool.connection_kwargs
     if isinstance(client, fakeredis.FakeRedis):
         return fakeredis.FakeAsyncRedis(host=kwargs["host"], port=kwargs["port"])

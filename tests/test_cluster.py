@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
 from redis_txmq.cli import main
-from redis_txmq.keys import TopicKeys
+from redis_txmq.keys import GroupKeys, TopicKeys
 
 from .helpers import wait_until
 
@@ -184,3 +184,24 @@ def test_a_partitioned_topic_spreads_over_the_masters(cluster, cluster_url, spar
     )
     assert sorted(int(bytes(r.body)) for r in df.collect()) == list(range(40))
     assert {r.partition for r in df.select("partition").distinct().collect()} == set(range(8))
+
+
+def test_check_back_on_a_partitioned_topic_while_heartbeats_reassert_it(cluster, make_producer):
+    """A producer re-asserts its topics' partitions with every heartbeat (one script call per topic: cluster
+    pipelines refuse scripts); it keeps answering check-backs, on both APIs."""
+    from checker import Checker
+    from redis_txmq import create_topic
+
+    settings = Settings(cluster=True, transaction_timeout=0, check_interval=0.3, heartbeat_interval=0.1, claim_idle=1)
+    create_topic(cluster, "parted-cluster", 3)
+    listener = Knows(set())
+    with make_producer("parted_group", listener, client=cluster, settings=settings) as producer:
+        sent = producer.send_message_in_transaction(Message("parted-cluster", b"x", keys="k"), UNKNOWN)
+        listener.committed.add(sent.transaction_id)
+        stream = f"parted-cluster#{sent.partition}"
+        producers, beats = GroupKeys("parted_group").producers, set()
+        wait_until(lambda: beats.add(cluster.zscore(producers, producer.instance_id)) or len(beats) >= 3)
+        checker = Checker(cluster, settings)
+        wait_until(lambda: checker.run_round() is not None and cluster.xlen(stream) == 1, timeout=30)
+    ((_, fields),) = cluster.xrange(stream)
+    assert fields[b"transaction_id"].decode() == sent.transaction_id

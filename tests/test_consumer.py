@@ -120,7 +120,7 @@ class AsyncioApi:
     def twin(self, client: Any) -> Any:
         """A ``redis.asyncio`` client to the server of the test's ``client``, one per test and client."""
         if id(client) not in self._twins:
-            self._twins[id(client)] = asyncio_twin(client)
+            self._twins[id(client)] = async_client_like(client)
         return self._twins[id(client)]
 
     def close(self) -> None:
@@ -130,14 +130,6 @@ class AsyncioApi:
             self.runner.run(twin.aclose())
         self.runner.run(self.runner.loop.shutdown_asyncgens())
         self.runner.close()
-
-
-def asyncio_twin(client: Any) -> Any:
-    """A ``redis.asyncio`` client of the server (or cluster) ``client`` talks to."""
-    if isinstance(client, RedisCluster):
-        node = client.get_default_node()
-        return redis.asyncio.cluster.RedisCluster(host=node.host, port=node.port)
-    return async_client_like(client)
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -549,7 +541,7 @@ def test_asyncio_run_awaits_async_handlers_and_calls_plain_ones_on_the_loop(fake
             await asyncio.sleep(0)
             seen.append((message.body, True))
 
-        client = asyncio_twin(fake_client)
+        client = async_client_like(fake_client)
         async with AsyncConsumer("orders", "billing", "c1", client=client, block=0.05, batch_size=2) as c:
             assert await c.run(plain, max_messages=2) == 2
             assert await c.run(coroutine, max_messages=2) == 2
@@ -564,7 +556,7 @@ def test_asyncio_consumer_sets_itself_up_on_first_use(fake_client):
     send(fake_client, [COMMIT])
 
     async def scenario():
-        client = asyncio_twin(fake_client)
+        client = async_client_like(fake_client)
         c = AsyncConsumer("orders", "billing", "c1", client=client, block=0.05)
         assert c.partitions == [], "the constructor does no I/O"
         (message,) = await c.poll()

@@ -13,21 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import entries
-from ..check_handler import READ_BLOCK_MS, CheckRequest, queue_finish
+from ..check_handler import READ_BLOCK_MS, CheckRequest, Registrations, queue_finish, read_failed
 from ..config import Settings
 from ..connection import REDIS_ERRORS, is_async_cluster
-from ..errors import CorruptEntryError, TxMQConnectionError
+from ..errors import CorruptEntryError
 from ..groups import (
     Backoff,
     TakeoverWalk,
     ensure_group_call,
     ensure_group_error,
     forget_consumers_call,
-    is_missing_group,
     removed_names,
 )
 from ..heartbeat import Heartbeat
-from ..keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
+from ..keys import PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
 from .listener import local_state
 from .scripts import preload
 
@@ -44,7 +43,7 @@ class AsyncCheckRequestHandler:
         listener: Any,
         settings: Settings,
         instance_id: str,
-        registrations: Callable[[Any], None] | None = None,
+        registrations: Callable[[], Registrations] | None = None,
     ) -> None:
         self.client = client
         self.producer_group = producer_group
@@ -111,11 +110,13 @@ class AsyncCheckRequestHandler:
     async def _beat(self) -> None:
         """Heartbeat, and re-assert the registries (see the sync handler): Redis that lost its data heals."""
         await self.heartbeat.call("beat")
+        registrations = self.registrations() if self.registrations is not None else Registrations()
         pipe = self.client.pipeline(transaction=False)
-        pipe.sadd(GROUP_REGISTRY, self.producer_group)
-        if self.registrations is not None:
-            self.registrations(pipe)
+        for key, members in registrations.sets(self.producer_group):
+            pipe.sadd(key, *members)
         await pipe.execute()
+        for call in registrations.partition_calls():
+            await self.client.eval(*call)
 
     async def _read_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -130,18 +131,11 @@ class AsyncCheckRequestHandler:
                     next_beat = loop.time() + self.settings.heartbeat_interval
                 await self._read_once()
                 backoff.reset()
-            except (*REDIS_ERRORS, TxMQConnectionError) as exc:
-                if is_missing_group(exc):
-                    logger.warning(
-                        "group=%s: the check-request consumer group is gone (Redis lost its data?); recreating it",
-                        self.producer_group,
-                    )
+            except Exception as exc:  # noqa: BLE001 - the reader must outlive any failure: it answers check-backs
+                delay = read_failed(self.producer_group, exc, backoff)
+                if delay is None:
                     self._needs_set_up = True
                     continue
-                delay = backoff.next()
-                logger.warning(
-                    "group=%s reading check requests failed: %s; retrying in %.1f s", self.producer_group, exc, delay
-                )
                 try:
                     await asyncio.wait_for(self._stop.wait(), delay)
                 except asyncio.TimeoutError:

@@ -15,15 +15,16 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from ..check_handler import Registrations
 from ..config import Settings
 from ..connection import REDIS_ERRORS, instance_id, resolve_client
 from ..errors import ProducerStateError, TxMQConnectionError, TxMQError
-from ..keys import TOPIC_REGISTRY, topic_meta_key
+from ..keys import topic_meta_key
 from ..listener import TransactionListener as SyncTransactionListener
 from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
 from ..protocol import EndCall
 from ..sending import CheckerListener, HandleState, InFlight, listener_of, new_send, outcome_of_block, routing_error
-from ..topics import PartitionRouter, count_of, restore_partitions
+from ..topics import PartitionRouter, count_of
 from .broker import AsyncRedisBroker
 from .check_handler import AsyncCheckRequestHandler
 from .listener import TransactionListener, local_state
@@ -204,13 +205,11 @@ class TransactionProducer:
         )
         return result.committed_id
 
-    def _registrations(self, pipe: Any) -> None:
-        """Re-asserted with every heartbeat, as the sync producer does."""
-        streams = self.broker.registered_streams()
-        if streams:
-            pipe.sadd(TOPIC_REGISTRY, *streams)
-        for topic, partitions in self._router.partitioned_topics().items():
-            restore_partitions(pipe, topic, partitions)
+    def _registrations(self) -> Registrations:
+        """Re-asserted with every heartbeat: the topic streams this producer wrote to (the checker walks them) and
+        the partition counts of its topics (a producer started after Redis lost them would write every message to
+        one partition)."""
+        return Registrations(self.broker.registered_streams(), self._router.partitioned_topics())
 
 
 class AsyncTransaction(HandleState):
