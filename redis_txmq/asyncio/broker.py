@@ -18,6 +18,7 @@ from ..keys import TOPIC_REGISTRY, TopicKeys
 from ..message import LocalTransactionState, Message
 from ..protocol import EndCall, EndResult, EndSource, PrepareResult
 from ..scripts import register_topic_script
+from .lane import ScriptLane
 from .scripts import preload
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,13 @@ class AsyncRedisBroker:
         self._end = register_topic_script(client, "end_transaction")
         self._cluster = is_async_cluster(client)
         self._registered: set[str] = set()
+        self._lane = None if self._cluster else ScriptLane(client)
+
+    async def _run(self, script: Any, keys: TopicKeys, args: list[Any]) -> Any:
+        """One script call: through the lane that pipelines concurrent calls, or directly on a cluster."""
+        if self._lane is None:
+            return await script(keys=keys.script_keys(), args=args)
+        return await self._lane.call(script, keys.script_keys(), args)
 
     async def load_scripts(self) -> None:
         """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
@@ -59,7 +67,7 @@ class AsyncRedisBroker:
         args = protocol.prepare_args(message, transaction_id, producer_group, keys)
         try:
             await self.register_topic(keys)
-            reply = await self._prepare(keys=keys.script_keys(), args=args)
+            reply = await self._run(self._prepare, keys, args)
         except REDIS_ERRORS as exc:
             raise protocol.prepare_call_error(exc, message, transaction_id) from exc
         return protocol.prepare_result(reply, message, transaction_id)
@@ -78,7 +86,7 @@ class AsyncRedisBroker:
         """Apply COMMIT / ROLLBACK (or record the remark of UNKNOWN) in one atomic script call."""
         end = EndCall(keys, transaction_id, producer_group, outcome, source, remark, half_id)
         try:
-            reply = await self._end(keys=keys.script_keys(), args=protocol.end_args(end, self.settings))
+            reply = await self._run(self._end, keys, protocol.end_args(end, self.settings))
         except REDIS_ERRORS as exc:
             raise protocol.end_call_error(exc, keys, transaction_id) from exc
         result = protocol.end_result(reply, keys, transaction_id)
