@@ -1,0 +1,233 @@
+"""An order service on FastAPI and SQLAlchemy (async): ``POST /orders`` stores the order and publishes it on the
+``orders`` topic in one transaction handle, so an order is published if and only if it is saved.
+
+    pip install "redis-txmq[example]"
+    python examples/fastapi_orders.py --redis-url redis://localhost:6379/0 --database-url sqlite+aiosqlite:///orders.db
+    curl -X POST localhost:8000/orders -H 'content-type: application/json' \\
+        -d '{"id": 1, "customer": "ada", "amount": 25.0}'
+    curl localhost:8000/orders/1
+
+Run ``txmq checker`` beside it: an order whose end call never reached Redis (the network, a crash after the local
+commit) is published by the check-back, which this service answers from its database. The check-back must never say
+ROLLBACK while the local transaction can still commit, so when it finds no row it first writes an ``aborted`` row
+under the transaction id: the unique transaction id then makes a late local insert fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import String, event, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from redis_txmq import LocalTransactionState, Message, Settings, TxMQConnectionError
+from redis_txmq.asyncio import TransactionProducer
+
+TOPIC = "orders"
+PRODUCER_GROUP = "order-service"
+PLACED, ABORTED = "placed", "aborted"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class OrderRow(Base):
+    """One row per transaction id: a placed order, or the ``aborted`` marker a check-back wrote for a transaction it
+    found without an order (the primary key then refuses that transaction's order, should it still be running)."""
+
+    __tablename__ = "orders"
+
+    transaction_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    order_id: Mapped[int | None] = mapped_column(unique=True)
+    customer: Mapped[str | None] = mapped_column(String(100))
+    amount: Mapped[float | None]
+
+
+class OrderIn(BaseModel):
+    """A new order; a request that does not fit is refused (422) before anything is written anywhere."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: int = Field(gt=0)
+    customer: str = Field(min_length=1, max_length=100)
+    amount: float = Field(gt=0, allow_inf_nan=False)
+
+
+class OrderOut(BaseModel):
+    id: int
+    customer: str
+    amount: float
+
+
+class OrderPlaced(BaseModel):
+    order: OrderOut
+    transaction_id: str
+    committed_id: str | None = Field(
+        description="the entry id of the order on the topic stream; null when the end call did not reach Redis: "
+        "the order is saved, and the check-back publishes it"
+    )
+
+
+class OrderRefused(Exception):
+    """The local transaction refused the order, so its message was rolled back; ``status_code`` is the HTTP answer."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+
+
+class OrderService:
+    """The database, and the producer whose transactions pair an order row with its ``orders`` message."""
+
+    def __init__(
+        self, redis_url: str, database_url: str, *, settings: Settings | None = None, group: str = PRODUCER_GROUP
+    ) -> None:
+        self.engine = _engine(database_url)
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self.producer = TransactionProducer(group, checker=self.check, redis_url=redis_url, settings=settings)
+
+    async def start(self) -> None:
+        """Create the table, then start the producer: from then on it answers the check-backs of its group."""
+        async with self.engine.begin() as connection:
+            await connection.run_sync(Base.metadata.create_all)
+        await self.producer.start()
+
+    async def stop(self) -> None:
+        """Stop the producer first: a check it is still answering needs the database."""
+        await self.producer.shutdown()
+        await self.engine.dispose()
+
+    async def place(self, order: OrderIn) -> OrderPlaced:
+        """Save the order and publish it: both or neither. An exception in the block (the insert refused) rolls the
+        message back and goes on; the local commit happens inside the block, before the message's commit."""
+        body = json.dumps(order.model_dump()).encode()
+        try:
+            async with self.producer.transaction(Message(TOPIC, body, keys=f"order-{order.id}", tags="created")) as tx:
+                async with self.sessions.begin() as session:
+                    session.add(
+                        OrderRow(
+                            transaction_id=tx.transaction_id,
+                            status=PLACED,
+                            order_id=order.id,
+                            customer=order.customer,
+                            amount=order.amount,
+                        )
+                    )
+        except IntegrityError as exc:
+            if await self.get(order.id) is not None:
+                raise OrderRefused(409, f"order {order.id} exists") from exc
+            # the insert ran after a check-back had given its transaction up (the aborted row): nothing is saved
+            raise OrderRefused(503, f"order {order.id} took too long and was not saved; retry") from exc
+        committed_id = tx.result.committed_id if tx.result is not None else None
+        return OrderPlaced(
+            order=OrderOut(**order.model_dump()), transaction_id=tx.transaction_id, committed_id=committed_id
+        )
+
+    async def get(self, order_id: int) -> OrderOut | None:
+        async with self.sessions() as session:
+            row = await session.scalar(select(OrderRow).where(OrderRow.order_id == order_id, OrderRow.status == PLACED))
+        if row is None:
+            return None
+        return OrderOut(id=order_id, customer=row.customer or "", amount=row.amount or 0.0)
+
+    async def check(self, message: Message) -> LocalTransactionState:
+        """The check-back: COMMIT when the order is saved. Otherwise its local transaction rolled back, or is still
+        running: the ``aborted`` row makes sure it can no longer commit before the answer is ROLLBACK. If that
+        insert conflicts, the order committed meanwhile (or another check wrote the marker): read again."""
+        transaction_id = message.transaction_id or ""
+        status = await self._status(transaction_id)
+        if status is None:
+            try:
+                async with self.sessions.begin() as session:
+                    session.add(OrderRow(transaction_id=transaction_id, status=ABORTED))
+                return LocalTransactionState.ROLLBACK
+            except IntegrityError:
+                status = await self._status(transaction_id)
+        if status == PLACED:
+            return LocalTransactionState.COMMIT
+        if status == ABORTED:
+            return LocalTransactionState.ROLLBACK
+        return LocalTransactionState.UNKNOWN
+
+    async def _status(self, transaction_id: str) -> str | None:
+        async with self.sessions() as session:
+            return await session.scalar(select(OrderRow.status).where(OrderRow.transaction_id == transaction_id))
+
+
+def _engine(database_url: str) -> AsyncEngine:
+    """The async engine; on SQLite in WAL mode, so that readers (the check-back, ``GET``) never wait for a writer."""
+    engine = create_async_engine(database_url)
+    if engine.dialect.name == "sqlite":
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _wal(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.close()
+
+    return engine
+
+
+def create_app(
+    redis_url: str, database_url: str, *, settings: Settings | None = None, group: str = PRODUCER_GROUP
+) -> FastAPI:
+    """The service; its lifespan starts and stops the database and the producer (``app.state.orders``)."""
+    service = OrderService(redis_url, database_url, settings=settings, group=group)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="orders", lifespan=lifespan)
+    app.state.orders = service
+
+    @app.post("/orders", status_code=201, response_model=OrderPlaced)
+    async def place_order(order: OrderIn) -> OrderPlaced:
+        try:
+            return await service.place(order)
+        except OrderRefused as exc:
+            raise HTTPException(exc.status_code, str(exc)) from exc
+        except TxMQConnectionError as exc:
+            # the half message could not be written: the local transaction did not run, nothing was saved
+            raise HTTPException(503, "cannot publish orders now; nothing was saved, retry later") from exc
+
+    @app.get("/orders/{order_id}", response_model=OrderOut)
+    async def read_order(order_id: int) -> OrderOut:
+        order = await service.get(order_id)
+        if order is None:
+            raise HTTPException(404, f"order {order_id} not found")
+        return order
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", default=os.environ.get("TXMQ_REDIS_URL", "redis://localhost:6379/0"))
+    parser.add_argument("--database-url", default="sqlite+aiosqlite:///orders.db")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+
+    import uvicorn  # only needed to serve the app
+
+    uvicorn.run(create_app(args.redis_url, args.database_url), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The example service (``examples/fastapi_orders.py``) end to end, on a real Redis and a SQLite file: every order
+it saves is received once by a consumer, a refused order never; an order whose end call was lost is published by
+the check-back because its row exists, and a transaction without a row is rolled back by it for good."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib.util
+import json
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+
+for extra in ("fastapi", "sqlalchemy.ext.asyncio", "aiosqlite", "httpx"):
+    pytest.importorskip(extra, reason="the example service needs the `example` extra: pip install -e '.[example]'")
+
+import httpx  # noqa: E402 - after the skips: the extra may be missing
+from sqlalchemy.exc import IntegrityError  # noqa: E402
+
+from checker import Checker  # noqa: E402
+from redis_txmq import LocalTransactionState, Message, Settings  # noqa: E402
+from redis_txmq.asyncio import Consumer  # noqa: E402
+from redis_txmq.keys import TopicKeys  # noqa: E402
+
+KEYS = TopicKeys("orders")
+CHECK_NOW = Settings(transaction_timeout=0, check_interval=0.2, heartbeat_interval=0.2, claim_idle=1)
+"""The checker's settings: a transaction in flight is due for its check-back at once."""
+
+
+def load_example() -> ModuleType:
+    """The example is a script, not a package: load it by path (registered, so that its annotations resolve)."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "fastapi_orders.py"
+    spec = importlib.util.spec_from_file_location("fastapi_orders", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+example = load_example()
+
+
+@asynccontextmanager
+async def serving(redis_url: str, tmp_path: Path) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """The app on a fresh SQLite file, its lifespan entered as a server would (database and producer started), and
+    an HTTP client that calls it in process."""
+    app = example.create_app(redis_url, f"sqlite+aiosqlite:///{tmp_path / 'orders.db'}")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://orders") as http:
+            yield app.state.orders, http
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
+    """Poll an async condition until it holds; fail at the deadline."""
+
+    async def poll() -> None:
+        while not await condition():
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+async def checker_round_until(checker: Checker, condition: Callable[[], bool]) -> None:
+    """Checker rounds (in a thread: the service answers the check requests on this loop) until ``condition``."""
+
+    async def done() -> bool:
+        await asyncio.to_thread(checker.run_round)
+        return condition()
+
+    await until(done)
+
+
+async def consume(redis_url: str, expected: int) -> list[Any]:
+    """Read ``orders`` through a new consumer group until ``expected`` messages came, acking each; then nothing
+    more is there to read."""
+    received: list[Any] = []
+    async with Consumer("orders", "billing", redis_url=redis_url) as consumer:
+
+        async def read() -> None:
+            while len(received) < expected:
+                for message in await consumer.poll(timeout=1):
+                    received.append(message)
+                    await consumer.ack(message)
+
+        await asyncio.wait_for(read(), 15)
+        assert await consumer.poll(timeout=0) == [], "no message beyond the committed orders"
+    return received
+
+
+def topic_transactions(client: Any) -> list[str]:
+    return [fields[b"transaction_id"].decode() for _, fields in client.xrange(KEYS.topic_stream)]
+
+
+def test_each_saved_order_is_received_once_and_refused_ones_never(real_client, redis_url, tmp_path):
+    unique = [{"id": i, "customer": f"c{i}", "amount": 10.0 + i} for i in range(1, 11)]
+    duplicates = [{"id": i, "customer": f"again{i}", "amount": 1.0} for i in (2, 5, 7)]
+    invalid = [
+        {"id": 20, "customer": "zero", "amount": 0},
+        {"id": 21, "customer": "negative", "amount": -5.0},
+        {"id": 22, "amount": 3.0},
+        {"id": 0, "customer": "no id", "amount": 3.0},
+    ]
+
+    async def scenario() -> None:
+        async with serving(redis_url, tmp_path) as (_, http):
+            posted = unique + duplicates + invalid
+            responses = await asyncio.gather(*(http.post("/orders", json=order) for order in posted))
+            by_status = collections.defaultdict(list)
+            for order, response in zip(posted, responses, strict=True):
+                by_status[response.status_code].append((order, response.json()))
+
+            assert sorted(set(by_status)) == [201, 409, 422], {k: len(v) for k, v in by_status.items()}
+            assert [order for order, _ in by_status[422]] == invalid, "refused before anything was written"
+            accepted = {reply["order"]["id"]: reply for _, reply in by_status[201]}
+            assert sorted(accepted) == list(range(1, 11)) and len(by_status[201]) == 10
+            assert sorted(order["id"] for order, _ in by_status[409]) == [2, 5, 7], "one of each pair is refused"
+            assert all(reply["committed_id"] for reply in accepted.values()), "every end call was applied"
+
+            for order_id, reply in accepted.items():
+                stored = await http.get(f"/orders/{order_id}")
+                assert stored.status_code == 200 and stored.json() == reply["order"]
+            assert (await http.get("/orders/20")).status_code == 404
+
+        assert real_client.hlen(KEYS.inflight) == 0, "every transaction ended: committed or rolled back"
+        assert real_client.xlen(KEYS.topic_stream) == 10
+
+        received = await consume(redis_url, expected=10)
+        counts = collections.Counter(message.transaction_id for message in received)
+        assert counts == collections.Counter(reply["transaction_id"] for reply in accepted.values())
+        for message in received:
+            body = json.loads(message.body)
+            reply = accepted[body["id"]]
+            assert body == reply["order"], "the body is the saved order, never the refused duplicate"
+            assert message.transaction_id == reply["transaction_id"] and message.id == reply["committed_id"]
+            assert message.keys == [f"order-{body['id']}"]
+
+    asyncio.run(scenario())
+
+
+def test_an_order_whose_end_call_was_lost_is_published_by_the_check_back(real_client, redis_url, tmp_path):
+    """The order is saved, then its COMMIT never reaches Redis: the check-back finds its row and commits it, once."""
+
+    async def scenario() -> None:
+        async with serving(redis_url, tmp_path) as (service, http):
+            broker = service.producer.broker
+            real_end = broker._end
+
+            async def lost_end(*args: Any, **kwargs: Any) -> Any:
+                broker._end = real_end
+                raise redis.exceptions.ConnectionError("connection lost before the end call reached Redis")
+
+            broker._end = lost_end
+            response = await http.post("/orders", json={"id": 7, "customer": "fay", "amount": 42.0})
+            assert response.status_code == 201 and response.json()["committed_id"] is None, "saved, not published"
+            assert broker._end is real_end, "the end call was attempted once"
+            transaction_id = response.json()["transaction_id"]
+            assert (await http.get("/orders/7")).status_code == 200
+            assert topic_transactions(real_client) == [] and real_client.hlen(KEYS.inflight) == 1
+
+            checker = Checker(real_client, CHECK_NOW)
+            await checker_round_until(checker, lambda: real_client.hlen(KEYS.inflight) == 0)
+            assert topic_transactions(real_client) == [transaction_id]
+            assert await service.check(Message("orders", b"", transaction_id=transaction_id)) is (
+                LocalTransactionState.COMMIT
+            )
+            await asyncio.to_thread(checker.run_round)
+            assert topic_transactions(real_client) == [transaction_id], "published once"
+
+        (message,) = await consume(redis_url, expected=1)
+        assert message.transaction_id == transaction_id and json.loads(message.body)["id"] == 7
+
+    asyncio.run(scenario())
+
+
+def test_a_transaction_without_its_row_is_rolled_back_and_can_no_longer_commit(real_client, redis_url, tmp_path):
+    """The service died between writing the half message and saving the order (here: the block is cancelled before
+    the insert). The check-back finds no row, writes the aborted marker and answers ROLLBACK; the marker refuses the
+    order should its local transaction still try to commit."""
+
+    async def scenario() -> None:
+        async with serving(redis_url, tmp_path) as (service, _):
+            half_written, handle = asyncio.Event(), service.producer.transaction(Message("orders", b"{}"))
+
+            async def dies_before_the_insert() -> None:
+                async with handle:
+                    half_written.set()
+                    await asyncio.Event().wait()
+
+            task = asyncio.create_task(dies_before_the_insert())
+            await half_written.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert real_client.hlen(KEYS.inflight) == 1, "left in flight, for the check-back"
+
+            checker = Checker(real_client, CHECK_NOW)
+            await checker_round_until(checker, lambda: real_client.hlen(KEYS.inflight) == 0)
+            assert topic_transactions(real_client) == [], "rolled back"
+
+            late = example.OrderRow(transaction_id=handle.transaction_id, status=example.PLACED, order_id=8)
+            with pytest.raises(IntegrityError):
+                async with service.sessions.begin() as session:
+                    session.add(late)
+            ghost = Message("orders", b"", transaction_id=handle.transaction_id)
+            assert await service.check(ghost) is LocalTransactionState.ROLLBACK, "asked again, the same answer"
+
+    asyncio.run(scenario())
