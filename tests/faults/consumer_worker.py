@@ -1,9 +1,12 @@
 """A consumer instance of the fault suite: reads every topic through the consumer group, appends each delivery to
 its own record file, works a moment, then acks.
 
-``python -m tests.faults.consumer_worker CONFIG INDEX``. Even-numbered instances poll and ack in a loop of their
-own that rides out Redis errors; odd-numbered ones use ``Consumer.run``, which must ride them out itself: if it
-returns or raises before SIGTERM, the process exits with status 3 and the suite reports it.
+``python -m tests.faults.consumer_worker CONFIG INDEX``. Instance ``i`` reads as ``consumer_loops[i % 3]`` of
+the config says: ``poll_and_ack`` polls and acks in a loop of its own that rides out Redis errors; ``run`` uses
+``Consumer.run``; ``asyncio`` uses :class:`redis_txmq.asyncio.Consumer` on one event loop, iterating (``async for``,
+then ``await consumer.ack``) over the first topic and ``await consumer.run`` with an async handler over the others.
+Iteration and ``run`` must ride out Redis errors themselves: if one returns or raises before SIGTERM, the process
+exits with status 3 and the suite reports it.
 
 A record line is ``topic stream entry-id transaction-id delivery-count``, written with one ``write`` on an
 ``O_APPEND`` descriptor before the ack: a SIGKILL loses no recorded delivery, and a delivery killed before its ack
@@ -11,6 +14,8 @@ comes again (counted as a redelivery)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -24,6 +29,7 @@ from typing import Any
 import redis
 
 from redis_txmq import ConsumedMessage, Consumer, TxMQError
+from redis_txmq.asyncio import Consumer as AsyncConsumer
 
 logger = logging.getLogger("faults.consumer")
 
@@ -44,8 +50,7 @@ class Reader:
         self.consumer: Consumer | None = None
 
     def handle(self, message: ConsumedMessage) -> None:
-        line = f"{self.topic} {message.stream} {message.id} {message.transaction_id} {message.delivery_count}\n"
-        os.write(self.record, line.encode())
+        os.write(self.record, record_line(self.topic, message))
         time.sleep(WORK)
 
     def open(self) -> Consumer | None:
@@ -84,11 +89,84 @@ class Reader:
             os._exit(RUN_ENDED)
 
 
+def record_line(topic: str, message: ConsumedMessage) -> bytes:
+    return f"{topic} {message.stream} {message.id} {message.transaction_id} {message.delivery_count}\n".encode()
+
+
+class AsyncReader:
+    """One topic of the asyncio consumer instance."""
+
+    def __init__(self, topic: str, config: dict[str, Any], record: int, stop: asyncio.Event) -> None:
+        self.topic = topic
+        self.record = record
+        self.stop = stop
+        group, url = config["consumer_group"], config["redis_url"]
+        self.consumer = AsyncConsumer(topic, group, redis_url=url, block=0.5, **config["consumer"])
+
+    async def handle(self, message: ConsumedMessage) -> None:
+        os.write(self.record, record_line(self.topic, message))
+        await asyncio.sleep(WORK)
+
+    async def open(self) -> bool:
+        """Start the consumer once Redis answers; False if stopped first."""
+        while not self.stop.is_set():
+            try:
+                await self.consumer.start()
+                return True
+            except (TxMQError, redis.RedisError) as exc:
+                logger.warning("topic %s: consumer not started: %s; trying again", self.topic, exc)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), 0.2)
+        return False
+
+    async def iterate(self) -> None:
+        async for message in self.consumer:
+            await self.handle(message)
+            try:
+                await self.consumer.ack(message)
+            except (TxMQError, redis.RedisError) as exc:
+                logger.warning("topic %s: ack failed: %s: %s; redelivered later", self.topic, type(exc).__name__, exc)
+
+    async def read(self, loop: str) -> None:
+        if not await self.open():
+            return
+        try:
+            await (self.iterate() if loop == "iterate" else self.consumer.run(self.handle))
+        except Exception:  # noqa: BLE001 - whatever escapes iteration or run is the finding
+            logger.exception("topic %s: asyncio Consumer %s raised", self.topic, loop)
+            os._exit(RUN_ENDED)
+        if not self.stop.is_set():
+            logger.error("topic %s: asyncio Consumer %s ended before it was stopped", self.topic, loop)
+            os._exit(RUN_ENDED)
+
+
+async def consume_async(config: dict[str, Any], record: int) -> None:
+    stop = asyncio.Event()
+    readers = [AsyncReader(topic, config, record, stop) for topic in config["topics"]]
+
+    def terminate() -> None:
+        stop.set()
+        for reader in readers:
+            reader.consumer.stop()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
+    await asyncio.gather(*(r.read("run" if i else "iterate") for i, r in enumerate(readers)))
+    for reader in readers:
+        await reader.consumer.close()
+
+
 def main(config_path: str, index: str) -> None:
     config = json.loads(Path(config_path).read_text())
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = Path(config["deliveries"]) / f"consumer-{index}.log"
     record = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    loops = config["consumer_loops"]
+    loop = loops[int(index) % len(loops)]
+    logger.info("consumer %s reading %s with %s", index, ", ".join(config["topics"]), loop)
+    if loop == "asyncio":
+        asyncio.run(consume_async(config, record))
+        os.close(record)
+        return
     stop = threading.Event()
     readers = [Reader(topic, config, record, stop) for topic in config["topics"]]
 
@@ -99,11 +177,9 @@ def main(config_path: str, index: str) -> None:
                 reader.consumer.stop()
 
     signal.signal(signal.SIGTERM, terminate)
-    loop = "run" if int(index) % 2 else "poll_and_ack"
     threads = [threading.Thread(target=getattr(reader, loop)) for reader in readers]
     for thread in threads:
         thread.start()
-    logger.info("consumer %s reading %s with %s", index, ", ".join(config["topics"]), loop)
     for thread in threads:
         thread.join()
     for reader in readers:

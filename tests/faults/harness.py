@@ -30,6 +30,14 @@ TOPICS = {"orders": 1, "payments": 2}
 SETTINGS = {"transaction_timeout": 1.0, "check_interval": 1.0, "check_max": 100, "claim_idle": 2.0}
 HEARTBEAT_INTERVAL = 0.5
 CONSUMER = {"min_idle_time": 2.0}
+ASYNC_SLOT = 1
+"""The producer slot served by the asyncio producer (:mod:`.async_producer_worker`); the last slot is one-way."""
+CONSUMER_LOOPS = ("poll_and_ack", "run", "asyncio")
+"""How consumer ``i`` reads: ``CONSUMER_LOOPS[i % 3]`` (see :mod:`.consumer_worker`)."""
+
+
+def producer_module(slot: int) -> str:
+    return "tests.faults.async_producer_worker" if slot == ASYNC_SLOT else "tests.faults.producer_worker"
 
 
 @dataclass
@@ -39,7 +47,7 @@ class Sizes:
     """Transactions per second, all producers together."""
     producers: int = 3
     checkers: int = 2
-    consumers: int = 2
+    consumers: int = 3
 
 
 def sizes_from_env() -> Sizes:
@@ -161,7 +169,7 @@ class System:
         }
         checker = [TXMQ, "--log-level", "INFO", "checker", *(str(x) for kv in checker_options.items() for x in kv)]
         self.producers = [
-            self._worker("producer", i, [sys.executable, "-m", "tests.faults.producer_worker", str(config), str(i)])
+            self._worker("producer", i, [sys.executable, "-m", producer_module(i), str(config), str(i)])
             for i in range(self.sizes.producers)
         ]
         self.checkers = [self._worker("checker", i, checker) for i in range(self.sizes.checkers)]
@@ -188,6 +196,7 @@ class System:
             "quotas": [count // slots + (1 if slot < count % slots else 0) for slot in range(slots)],
             "rate": self.sizes.rate / slots,
             "oneway_slots": [slots - 1] if slots > 1 else [],
+            "consumer_loops": list(CONSUMER_LOOPS),
             "settings": SETTINGS | {"heartbeat_interval": HEARTBEAT_INTERVAL},
             "consumer": CONSUMER,
         }

@@ -3,7 +3,8 @@ own ledger, and answers its group's check-backs from the ledger of the service t
 
 ``python -m tests.faults.producer_worker CONFIG SLOT``: sends orders ``SLOT-<n>`` until the slot's quota (resuming
 after a restart), touches ``<ledger>.done``, then keeps answering check-backs until SIGTERM. The slots listed in
-``oneway_slots`` send with ``oneway_end=True``: ends queued when the process is killed are repaired by check-back."""
+``oneway_slots`` send with ``oneway_end=True``: ends queued when the process is killed are repaired by check-back.
+The asyncio producer's slot is served by :mod:`.async_producer_worker` instead, with the same orders and ledger."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -26,6 +27,7 @@ from redis_txmq import (
     Settings,
     TransactionListener,
     TransactionProducer,
+    TransactionSendResult,
     TxMQError,
 )
 
@@ -40,6 +42,31 @@ WRITES_ROW = {"commit", "unknown_row", "raise_row"}
 AFTER_COMMIT = 0.05
 """Seconds a local transaction goes on after its database work: a kill then often falls between a committed row
 and the end call, which only the check-back can repair."""
+
+
+class Order(NamedTuple):
+    """Order ``<slot>-<n>``: what its local transaction does and the message it sends."""
+
+    order_id: str
+    behaviour: str
+    message: Message
+    choice: random.Random
+    """The random source the order was drawn from, for any further choice about it."""
+
+
+def order(config: dict[str, Any], slot: int, n: int) -> Order:
+    """Order ``<slot>-<n>`` as the seed says (the same in every run of a seed, and after a restart)."""
+    choice = random.Random(f"{config['seed']}/{slot}/{n}")
+    behaviour = choice.choices(list(BEHAVIOURS), weights=list(BEHAVIOURS.values()))[0]
+    topic, order_id = choice.choice(config["topics"]), f"{slot}-{n}"
+    body, properties = json.dumps({"order": order_id}).encode(), {"service": str(slot), "order": order_id}
+    return Order(order_id, behaviour, Message(topic, body, keys=order_id, properties=properties), choice)
+
+
+def outcome_of(result: TransactionSendResult, fenced: set[str]) -> str:
+    """What the journal records for a send that returned."""
+    outcome = "fenced" if result.transaction_id in fenced else result.local_transaction_state.value
+    return outcome + (" end_error" if result.end_error else "")
 
 
 class LocalTransactionFailed(Exception):
@@ -91,29 +118,25 @@ def send_orders(
 ) -> bool:
     """Send this slot's orders, ``rate`` per second, each behaving as the seed says; journal every send.
     False if stopped first."""
-    own, topics, interval = service.own, config["topics"], 1.0 / config["rate"]
+    own, interval = service.own, 1.0 / config["rate"]
     next_at = time.monotonic()
     for n in range(own.attempts_made(), config["quotas"][slot]):
         if stop.wait(max(0.0, next_at - time.monotonic())):
             return False
         next_at = max(next_at + interval, time.monotonic())
-        choice = random.Random(f"{config['seed']}/{slot}/{n}")
-        behaviour = choice.choices(list(BEHAVIOURS), weights=list(BEHAVIOURS.values()))[0]
-        topic, order_id = choice.choice(topics), f"{slot}-{n}"
+        order_id, behaviour, message, _ = order(config, slot, n)
         own.begin_attempt(n, order_id, behaviour)
-        body, properties = json.dumps({"order": order_id}).encode(), {"service": str(slot), "order": order_id}
-        message = Message(topic, body, keys=order_id, properties=properties)
         try:
             result = producer.send_message_in_transaction(message, behaviour)
-        except PrepareError:
+        except PrepareError as exc:
+            logger.warning("order %s: %s", order_id, exc)
             own.finish_attempt(n, None, "prepare_failed")
             continue
         except Exception as exc:  # noqa: BLE001 - anything else is a finding: journal it and keep sending
             logger.exception("order %s: send raised", order_id)
             own.finish_attempt(n, None, f"raised {type(exc).__name__}")
             continue
-        outcome = "fenced" if result.transaction_id in service.fenced else result.local_transaction_state.value
-        own.finish_attempt(n, result.transaction_id, outcome + (" end_error" if result.end_error else ""))
+        own.finish_attempt(n, result.transaction_id, outcome_of(result, service.fenced))
     return True
 
 

@@ -1,7 +1,7 @@
-"""SPEC §5 under faults. Producer processes of one group send about 1,000 transactions (their local transactions
-commit, roll back, answer UNKNOWN with or without their row, or raise) while the proxy resets, blackholes and
-delays every connection, Redis is SIGKILLed and restarted, and producers, checkers and consumers are SIGKILLed and
-restarted. Then the faults stop and the run settles; the services' ledgers are the ground truth.
+"""SPEC §5 under faults. Producer processes of one group (one of them asyncio) send about 1,000 transactions (their
+local transactions commit, roll back, answer UNKNOWN with or without their row, or raise) while the proxy resets,
+blackholes and delays every connection, Redis is SIGKILLed and restarted, and producers, checkers and consumers are
+SIGKILLed and restarted. Then the faults stop and the run settles; the services' ledgers are the ground truth.
 
 ``TXMQ_FAULT_SEED`` replays a run's faults and transactions, ``TXMQ_FAULT_TRANSACTIONS`` sets the count,
 ``TXMQ_FAULT_RATE`` the pace (transactions per second); ``scripts/fault-soak`` runs a longer one."""

@@ -1,0 +1,203 @@
+"""The asyncio service instance of the fault suite: :mod:`.producer_worker`'s orders, ledger and check-back answers,
+sent by :class:`redis_txmq.asyncio.TransactionProducer` with an asyncio listener, several sends in flight at once.
+
+``python -m tests.faults.async_producer_worker CONFIG SLOT``: sends orders ``SLOT-<n>`` in rounds of
+:data:`IN_FLIGHT` concurrent tasks (``asyncio.gather``), paced to the slot's rate, resuming after a restart; then
+touches ``<ledger>.done`` and keeps answering check-backs until SIGTERM. A share of the orders
+(:data:`HANDLE_SHARE`) goes through a transaction handle (``async with producer.transaction(message)``) instead of
+the listener; such an order that must end UNKNOWN leaves its block through an expired ``asyncio.timeout`` after its
+database work, which leaves the transaction to the check-back. The ledger is used from threads
+(``asyncio.to_thread``): SQLite may wait for another process' lock, never on the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from redis_txmq import LocalTransactionState, Message, PrepareError, Settings, TransactionSendResult, TxMQError
+from redis_txmq.asyncio import TransactionListener, TransactionProducer
+
+from .ledger import Ledger
+from .producer_worker import AFTER_COMMIT, WRITES_ROW, LocalTransactionFailed, order, outcome_of
+
+logger = logging.getLogger("faults.async_producer")
+
+IN_FLIGHT = 4
+"""Sends started together in each round: their script calls share pipelines, their local transactions overlap."""
+HANDLE_SHARE = 0.4
+"""Share of the orders sent through a transaction handle (``raise_row`` ones excepted: a block that raises rolls
+back, which a committed row must not be)."""
+TIMED_OUT = AFTER_COMMIT / 2
+"""When an UNKNOWN order's handle block times out: during the pause after its database work."""
+
+
+class AsyncOrderService(TransactionListener):
+    """The asyncio listener: the order row is the local transaction; the check-back asks the sender's ledger."""
+
+    def __init__(self, ledgers: list[Ledger], slot: int) -> None:
+        self.ledgers = ledgers
+        self.own = ledgers[slot]
+        self.fenced: set[str] = set()
+
+    async def commit_order(self, message: Message) -> bool:
+        """The order row; False (the transaction fenced) if a check-back aborted it first."""
+        transaction_id = message.transaction_id or ""
+        order_id = dict(message.properties or {})["order"]
+        if await asyncio.to_thread(self.own.commit_order, transaction_id, order_id, message.topic):
+            return True
+        self.fenced.add(transaction_id)
+        return False
+
+    async def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
+        if arg in WRITES_ROW and not await self.commit_order(message):
+            return LocalTransactionState.ROLLBACK
+        await asyncio.sleep(AFTER_COMMIT)
+        if arg.startswith("raise"):
+            raise LocalTransactionFailed(arg)
+        return {"commit": LocalTransactionState.COMMIT, "rollback": LocalTransactionState.ROLLBACK}.get(arg)
+
+    async def check_local_transaction(self, message: Message) -> LocalTransactionState:
+        owner = self.ledgers[int(dict(message.properties or {})["service"])]
+        committed = await asyncio.to_thread(owner.decide, message.transaction_id or "")
+        return LocalTransactionState.COMMIT if committed else LocalTransactionState.ROLLBACK
+
+
+class Sender:
+    """Sends this slot's orders and journals each one (``(handle)`` marks the outcome of a handle's send); counts
+    the sends in flight together."""
+
+    def __init__(self, producer: TransactionProducer, service: AsyncOrderService) -> None:
+        self.producer = producer
+        self.service = service
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.by_handle = 0
+
+    async def with_handle(self, message: Message, behaviour: str) -> TransactionSendResult | None:
+        """The order as the body of a transaction handle: COMMIT by leaving the block, ROLLBACK by
+        ``tx.rollback()`` or by raising, UNKNOWN by a timeout that cancels the block."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(None) as deadline:
+                async with self.producer.transaction(message) as tx:
+                    if behaviour in WRITES_ROW and not await self.service.commit_order(tx.message):
+                        await tx.rollback()
+                        return tx.result
+                    if behaviour.startswith("unknown"):
+                        deadline.reschedule(loop.time() + TIMED_OUT)
+                    await asyncio.sleep(AFTER_COMMIT)
+                    if behaviour == "rollback":
+                        await tx.rollback()
+                    elif behaviour == "raise":
+                        raise LocalTransactionFailed(behaviour)
+        except LocalTransactionFailed:
+            pass
+        except asyncio.TimeoutError:
+            if not deadline.expired():
+                raise
+        return tx.result
+
+    async def send(self, own: Ledger, n: int, behaviour: str, message: Message, handle: bool) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if handle:
+                self.by_handle += 1
+                result = await self.with_handle(message, behaviour)
+            else:
+                result = await self.producer.send_message_in_transaction(message, behaviour)
+        except PrepareError as exc:
+            logger.warning("order %s: %s", message.keys, exc)
+            await asyncio.to_thread(own.finish_attempt, n, None, "prepare_failed")
+            return
+        except Exception as exc:  # noqa: BLE001 - anything else is a finding: journal it and keep sending
+            logger.exception("order %s: send raised", message.keys)
+            await asyncio.to_thread(own.finish_attempt, n, None, f"raised {type(exc).__name__}")
+            return
+        finally:
+            self.in_flight -= 1
+        if result is None:
+            await asyncio.to_thread(own.finish_attempt, n, None, "raised nothing, but the handle has no result")
+            return
+        outcome = outcome_of(result, self.service.fenced) + (" (handle)" if handle else "")
+        await asyncio.to_thread(own.finish_attempt, n, result.transaction_id, outcome)
+
+    async def send_orders(self, config: dict[str, Any], slot: int, stop: asyncio.Event) -> bool:
+        """Send this slot's orders in rounds of :data:`IN_FLIGHT`, ``rate`` per second; False if stopped first."""
+        loop, own = asyncio.get_running_loop(), self.service.own
+        interval, quota = IN_FLIGHT / config["rate"], config["quotas"][slot]
+        n, next_at = await asyncio.to_thread(own.attempts_made), loop.time()
+        while n < quota:
+            try:
+                await asyncio.wait_for(stop.wait(), max(0.0, next_at - loop.time()))
+            except asyncio.TimeoutError:
+                pass
+            if stop.is_set():
+                return False
+            next_at = max(next_at + interval, loop.time())
+            sends = []
+            for k in range(n, min(n + IN_FLIGHT, quota)):
+                order_id, behaviour, message, choice = order(config, slot, k)
+                handle = behaviour != "raise_row" and choice.random() < HANDLE_SHARE
+                await asyncio.to_thread(own.begin_attempt, k, order_id, behaviour)
+                sends.append(self.send(own, k, behaviour, message, handle))
+            await asyncio.gather(*sends)
+            n += len(sends)
+        return True
+
+
+async def start_producer(
+    group: str, service: AsyncOrderService, settings: Settings, oneway_end: bool, stop: asyncio.Event
+) -> TransactionProducer:
+    """A started producer, retried while Redis cannot be reached."""
+    while True:
+        producer = TransactionProducer(group, service, settings=settings, oneway_end=oneway_end)
+        try:
+            return await producer.start()
+        except (TxMQError, redis.RedisError) as exc:
+            logger.warning("producer start failed: %s; retrying", exc)
+            await producer.shutdown()
+            try:
+                await asyncio.wait_for(stop.wait(), 0.2)
+            except asyncio.TimeoutError:
+                continue
+            raise SystemExit(0) from exc
+
+
+async def serve(config: dict[str, Any], slot: int) -> None:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    ledgers = [Ledger(Path(path)) for path in config["ledgers"]]
+    service = AsyncOrderService(ledgers, slot)
+    settings = Settings(redis_url=config["redis_url"], **config["settings"])
+    oneway_end = slot in config["oneway_slots"]
+    producer = await start_producer(config["producer_group"], service, settings, oneway_end, stop)
+    logger.info("asyncio producer %s started", producer.instance_id)
+    sender = Sender(producer, service)
+    if await sender.send_orders(config, slot, stop):
+        Path(f"{config['ledgers'][slot]}.done").touch()
+        logger.info(
+            "all orders sent (%d through a transaction handle this start, at most %d in flight at once); answering "
+            "check-backs until SIGTERM",
+            sender.by_handle,
+            sender.most_in_flight,
+        )
+        await stop.wait()
+    await producer.shutdown()
+
+
+def main(config_path: str, slot_arg: str) -> None:
+    config = json.loads(Path(config_path).read_text())
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(config, int(slot_arg)))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
