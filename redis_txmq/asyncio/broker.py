@@ -105,11 +105,11 @@ class AsyncRedisBroker:
                     if isinstance(reply, BaseException) and not isinstance(reply, REDIS_ERRORS):
                         raise reply
             else:
-                pipe = self.client.pipeline(transaction=False)
-                for end in ends:
-                    args = protocol.end_args(end, self.settings)
-                    await self._end(keys=end.keys.script_keys(), args=args, client=pipe)
-                replies = await pipe.execute(raise_on_error=False)
+                async with self.client.pipeline(transaction=False) as pipe:  # gives the connection back on errors
+                    for end in ends:
+                        args = protocol.end_args(end, self.settings)
+                        await self._end(keys=end.keys.script_keys(), args=args, client=pipe)
+                    replies = await pipe.execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
             raise protocol.batch_error(len(ends), exc) from exc
         results = protocol.end_results(ends, replies)
@@ -121,9 +121,9 @@ class AsyncRedisBroker:
         if not requests:
             return
         try:
-            pipe = self.client.pipeline(transaction=False)
-            protocol.queue_drop_check_requests(pipe, requests)
-            await pipe.execute(raise_on_error=False)
+            async with self.client.pipeline(transaction=False) as pipe:
+                protocol.queue_drop_check_requests(pipe, requests)
+                await pipe.execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
             logger.warning("could not delete %d answered check requests: %s", len(requests), exc)
 

@@ -111,10 +111,10 @@ class AsyncCheckRequestHandler:
         """Heartbeat, and re-assert the registries (see the sync handler): Redis that lost its data heals."""
         await self.heartbeat.call("beat")
         registrations = self.registrations() if self.registrations is not None else Registrations()
-        pipe = self.client.pipeline(transaction=False)
-        for key, members in registrations.sets(self.producer_group):
-            pipe.sadd(key, *members)
-        await pipe.execute()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key, members in registrations.sets(self.producer_group):
+                pipe.sadd(key, *members)
+            await pipe.execute()
         for call in registrations.partition_calls():
             await self.client.eval(*call)
 
@@ -211,6 +211,6 @@ class AsyncCheckRequestHandler:
         if reply is not None and self._cluster:
             await self.client.xadd(REPLY_STREAM, reply)
             reply = None
-        pipe = self.client.pipeline(transaction=reply is not None)
-        queue_finish(pipe, self.keys.check_requests, request_id, reply)
-        await pipe.execute()
+        async with self.client.pipeline(transaction=reply is not None) as pipe:
+            queue_finish(pipe, self.keys.check_requests, request_id, reply)
+            await pipe.execute()

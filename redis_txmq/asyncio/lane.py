@@ -44,10 +44,12 @@ class ScriptLane:
 
     async def _send(self, batch: list[_Call]) -> None:
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for script, keys, args, _ in batch:
-                await script(keys=keys, args=args, client=pipe)
-            replies = await pipe.execute(raise_on_error=False)
+            # `async with`: redis-py gives the connection back to the pool even when the SCRIPT EXISTS it sends
+            # before the pipeline fails (without it, each connection error there leaked one pooled connection)
+            async with self.client.pipeline(transaction=False) as pipe:
+                for script, keys, args, _ in batch:
+                    await script(keys=keys, args=args, client=pipe)
+                replies = await pipe.execute(raise_on_error=False)
         except (*REDIS_ERRORS, OSError) as exc:
             for *_, future in batch:
                 if not future.done():
