@@ -91,15 +91,18 @@ class InFlight:
         )
 
 
-def outcome_of_block(exc_type: type[BaseException] | None) -> LocalTransactionState:
-    """What leaving a transaction handle's block decides: COMMIT when it ended normally, ROLLBACK when it raised an
-    exception, UNKNOWN (no end call: the check-back asks the listener) when it was cancelled or interrupted
-    (``CancelledError``, ``KeyboardInterrupt``...): the local transaction may have committed, never guess."""
+def outcome_of_block(
+    exc_type: type[BaseException] | None, exc: BaseException | None
+) -> tuple[LocalTransactionState, str | None]:
+    """What leaving a transaction handle's block decides, and the remark kept with it: COMMIT when it ended normally,
+    ROLLBACK when it raised an exception (named in the remark), UNKNOWN (no end call: the check-back asks the
+    listener) when it was cancelled or interrupted (``CancelledError``, ``KeyboardInterrupt``...): the local
+    transaction may have committed, never guess."""
     if exc_type is None:
-        return LocalTransactionState.COMMIT
+        return LocalTransactionState.COMMIT, None
     if issubclass(exc_type, Exception):
-        return LocalTransactionState.ROLLBACK
-    return LocalTransactionState.UNKNOWN
+        return LocalTransactionState.ROLLBACK, f"the block raised {exc_type.__name__}: {exc}"
+    return LocalTransactionState.UNKNOWN, None
 
 
 class HandleState:

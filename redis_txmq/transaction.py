@@ -35,8 +35,7 @@ class Transaction(HandleState):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if not self.ended and self._in_flight is not None:
-            remark = f"the block raised {exc_type.__name__}: {exc}" if exc_type and exc else None
-            self._end(outcome_of_block(exc_type), remark if exc_type and issubclass(exc_type, Exception) else None)
+            self._end(*outcome_of_block(exc_type, exc))
 
     def commit(self) -> TransactionSendResult:
         """Commit now: the message becomes visible; leaving the block later changes nothing."""

@@ -229,9 +229,7 @@ class AsyncTransaction(HandleState):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if not self.ended and self._in_flight is not None:
-            state = outcome_of_block(exc_type)
-            remark = f"the block raised {exc_type.__name__}: {exc}" if state is LocalTransactionState.ROLLBACK else None
-            await self._end(state, remark)
+            await self._end(*outcome_of_block(exc_type, exc))
 
     async def commit(self) -> TransactionSendResult:
         """Commit now; leaving the block later changes nothing."""
