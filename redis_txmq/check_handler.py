@@ -163,11 +163,10 @@ class CheckRequestHandler:
         down, the set-up is logged and retried by the reader until it works: the producer can send meanwhile."""
         try:
             self._set_up()
-        except REDIS_ERRORS as exc:
+        except (*REDIS_ERRORS, TxMQConnectionError) as exc:
             if not self._cluster:
                 raise
             logger.warning("group=%s cannot serve check requests yet (%s); retrying", self.producer_group, exc)
-            self._needs_set_up = True
         self._reader = threading.Thread(target=self._read_loop, name=f"txmq-checks-{self.producer_group}", daemon=True)
         self._reader.start()
 

@@ -45,6 +45,11 @@ def test_producer_and_checker_start_and_serve_healthy_masters_when_one_master_is
             for g in (f"group-{i}" for i in range(1000))
             if cluster.get_node_from_key(GroupKeys(g).check_requests).name != victim.name
         )
+        stranded_group = next(
+            g
+            for g in (f"stranded-{i}" for i in range(1000))
+            if cluster.get_node_from_key(GroupKeys(g).check_requests).name == victim.name
+        )
         down_topic = _names_on(cluster, victim.name, True, "down")
         up_topic = _names_on(cluster, victim.name, False, "up")
 
@@ -67,6 +72,9 @@ def test_producer_and_checker_start_and_serve_healthy_masters_when_one_master_is
                     wait_until(lambda: checker.metrics.topic_errors.labels(down_topic)._value.get() >= 1, timeout=60)
                 bodies = [fields[b"body"] for _, fields in survivors.xrange(up_topic)]
                 assert bodies == [b"direct", b"by check-back"]
+            # a group whose request stream lives on the dead master: the producer starts and sends all the same
+            with TransactionProducer(stranded_group, listener, client=survivors, settings=SETTINGS) as stranded:
+                assert stranded.send_message_in_transaction(Message(up_topic, b"stranded"), arg=COMMIT).committed_id
                 assert late.transaction_id in {f[b"transaction_id"].decode() for _, f in survivors.xrange(up_topic)}
         finally:
             survivors.close()

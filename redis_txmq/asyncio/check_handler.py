@@ -16,7 +16,7 @@ from .. import entries
 from ..check_handler import READ_BLOCK_MS, CheckRequest, Registrations, queue_finish, read_failed
 from ..config import Settings
 from ..connection import REDIS_ERRORS, is_async_cluster
-from ..errors import CorruptEntryError
+from ..errors import CorruptEntryError, TxMQConnectionError
 from ..groups import (
     Backoff,
     TakeoverWalk,
@@ -67,7 +67,7 @@ class AsyncCheckRequestHandler:
         the set-up is retried by the reader until it works."""
         try:
             await self._set_up()
-        except REDIS_ERRORS as exc:
+        except (*REDIS_ERRORS, TxMQConnectionError) as exc:
             if not self._cluster:
                 raise
             logger.warning("group=%s cannot serve check requests yet (%s); retrying", self.producer_group, exc)
