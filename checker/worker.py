@@ -258,10 +258,11 @@ class Checker:
                 check.producer_group,
             )
             self.metrics.checks_sent.labels(check.producer_group).inc()
-        groups = {txid: check.producer_group for txid, check in zip((t for t, _ in sent), due, strict=True)}
         stale = set(self.broker.note_check_requests(keys, sent))
         if stale:
-            self.broker.drop_check_requests([(groups[txid], rid) for txid, rid in sent if rid in stale])
+            self.broker.drop_check_requests(
+                [(check.producer_group, rid) for check, (_, rid) in zip(due, sent, strict=True) if rid in stale]
+            )
         return len(due)
 
     def _sweep(self, topics: list[TopicKeys]) -> int:

@@ -119,6 +119,20 @@ def read_failed(producer_group: str, exc: Exception, backoff: Backoff) -> float 
     return delay
 
 
+def hand_back(client: Any, keys: GroupKeys, instance_id: str, request_ids: list[str], claim_idle: float) -> Any:
+    """Requests read and not started, handed back on shutdown: claimed with an idle time that makes them claimable
+    by another instance right away. The XCLAIM's reply (an awaitable on a ``redis.asyncio`` client)."""
+    return client.xclaim(
+        keys.check_requests,
+        PRODUCERS_CONSUMER_GROUP,
+        instance_id,
+        0,
+        request_ids,
+        idle=int(claim_idle * 1000),
+        justid=True,
+    )
+
+
 def queue_finish(pipe: Any, requests_stream: str, request_id: str, reply: dict[str, Any] | None) -> None:
     """Queue on a (sync or asyncio) pipeline the answer (when there is one), then the request's ack and delete."""
     if reply is not None:
@@ -201,16 +215,7 @@ class CheckRequestHandler:
             handed_back = [entry_id for entry_id, future in self._in_hand.items() if future.cancelled()]
         try:
             if handed_back:
-                # Claim them with an idle time that makes them claimable by another instance right away.
-                self.client.xclaim(
-                    self.keys.check_requests,
-                    PRODUCERS_CONSUMER_GROUP,
-                    self.instance_id,
-                    0,
-                    handed_back,
-                    idle=int(self.settings.claim_idle * 1000),
-                    justid=True,
-                )
+                hand_back(self.client, self.keys, self.instance_id, handed_back, self.settings.claim_idle)
                 logger.info("group=%s handed back %d check requests", self.producer_group, len(handed_back))
             self.heartbeat.leave()
         except REDIS_ERRORS as exc:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import entries
-from ..check_handler import READ_BLOCK_MS, CheckRequest, Registrations, queue_finish, read_failed
+from ..check_handler import READ_BLOCK_MS, CheckRequest, Registrations, hand_back, queue_finish, read_failed
 from ..config import Settings
 from ..connection import REDIS_ERRORS, is_async_cluster
 from ..errors import CorruptEntryError, TxMQConnectionError
@@ -84,15 +84,7 @@ class AsyncCheckRequestHandler:
         await asyncio.gather(*list(self._in_hand.values()), return_exceptions=True)
         try:
             if waiting:
-                await self.client.xclaim(
-                    self.keys.check_requests,
-                    PRODUCERS_CONSUMER_GROUP,
-                    self.instance_id,
-                    0,
-                    waiting,
-                    idle=int(self.settings.claim_idle * 1000),
-                    justid=True,
-                )
+                await hand_back(self.client, self.keys, self.instance_id, waiting, self.settings.claim_idle)
                 logger.info("group=%s handed back %d check requests", self.producer_group, len(waiting))
             await self.heartbeat.call("leave")
         except REDIS_ERRORS as exc:
