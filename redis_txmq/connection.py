@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -16,11 +17,25 @@ from redis.exceptions import RedisClusterException
 from .config import Settings
 from .errors import ConfigurationError
 
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - redis[hiredis] is a dependency, but the plain install works too
+    _hiredis_pack = None
+
 ASYNC_MAX_CONNECTIONS = 64
 """Connections of an asyncio client made from a URL; a call waits for one when all are busy."""
 
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 """What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
+
+
+def hiredis_packer(connection_kwargs: dict[str, Any]) -> Callable[[tuple[Any, ...]], bytes] | None:
+    """hiredis's C command packer, when it sends what redis-py's pure-Python packer would for these connections.
+
+    hiredis packs ``str`` as UTF-8 and ints as decimal, as redis-py does with its default encoding; for another
+    encoding (or without hiredis) the caller packs through the connection."""
+    encoding = connection_kwargs.get("encoding", "utf-8").lower().replace("-", "")
+    return _hiredis_pack if encoding == "utf8" else None
 
 
 def connect(redis_url: str, *, cluster: bool = False, asyncio: bool = False, **kwargs: Any) -> Any:

@@ -271,9 +271,7 @@ def _recover_by_check_back(run: _Run, run_checker: CheckerRunner, recovery_timeo
     elif recovered:
         run.console.print(f"[red]check-back ended order {CRASHING_ORDER[0]} with {recovered}, not COMMIT[/]")
     else:
-        run.console.print(
-            f"[red]check-back did not commit order {CRASHING_ORDER[0]} within {recovery_timeout:g} s[/]"
-        )
+        run.console.print(f"[red]check-back did not commit order {CRASHING_ORDER[0]} within {recovery_timeout:g} s[/]")
 
 
 def _keys_of(client: Any, result: TransactionSendResult) -> TopicKeys:

@@ -32,10 +32,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-try:
-    from hiredis import pack_command as _hiredis_pack
-except ImportError:  # pragma: no cover - redis[hiredis] is a dependency, but the plain install works too
-    _hiredis_pack = None
+from .connection import hiredis_packer
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +59,7 @@ class ScriptRunner:
             and issubclass(pool.connection_class, redis.Connection | redis.UnixDomainSocketConnection)
         )
         self._pool = pool
-        utf8 = self._direct and pool.connection_kwargs.get("encoding", "utf-8").lower().replace("-", "") == "utf8"
-        # hiredis packs str as UTF-8, ints as decimal: what redis-py's own packers send for these arguments.
-        self._pack = _hiredis_pack if utf8 and _hiredis_pack is not None else None
+        self._pack = hiredis_packer(pool.connection_kwargs) if self._direct else None
         self._idle: list[Any] = []
         self._pid = os.getpid()
         self._closed = False

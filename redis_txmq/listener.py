@@ -42,9 +42,7 @@ def local_state(call: Callable[[], Any], message: Message, what: str) -> tuple[L
 
 def state_of_error(exc: Exception, message: Message, what: str) -> tuple[LocalTransactionState, str]:
     """A listener method raised: UNKNOWN, logged with the transaction id, the exception kept as the remark."""
-    logger.error(
-        "tx=%s topic=%s %s raised; state UNKNOWN", message.transaction_id, message.topic, what, exc_info=exc
-    )
+    logger.error("tx=%s topic=%s %s raised; state UNKNOWN", message.transaction_id, message.topic, what, exc_info=exc)
     return LocalTransactionState.UNKNOWN, f"{what} raised {type(exc).__name__}: {exc}"[:REMARK_LIMIT]
 
 

@@ -112,7 +112,6 @@ ERRORS: dict[str, tuple[type[TransactionError], str]] = {
 }
 
 
-
 def prepare_args(message: Message, transaction_id: str, producer_group: str, keys: TopicKeys) -> list[Any]:
     """ARGV of ``lua/prepare_half.lua``."""
     return entries.prepare_args(message, transaction_id, producer_group, keys.partition)

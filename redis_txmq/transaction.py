@@ -1,8 +1,8 @@
 """The transaction handle (RocketMQ 5.x's ``Transaction``): the local transaction is the body of a ``with`` block.
 
-    with producer.transaction(Message("orders", body, keys="order-1")) as tx:   # the half message is written
-        db.insert_order(order, transaction_id=tx.transaction_id)
-    # the block ended normally: COMMIT; it raised: ROLLBACK, and the exception goes on; tx.result after
+with producer.transaction(Message("orders", body, keys="order-1")) as tx:   # the half message is written
+    db.insert_order(order, transaction_id=tx.transaction_id)
+# the block ended normally: COMMIT; it raised: ROLLBACK, and the exception goes on; tx.result after
 """
 
 from __future__ import annotations

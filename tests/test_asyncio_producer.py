@@ -145,14 +145,15 @@ def test_cancelled_during_the_end_call_the_end_still_lands_once(real_client, red
     async def scenario() -> None:
         async with TransactionProducer("order_group", AsyncOrders(), redis_url=redis_url) as producer:
             broker = producer.broker
-            real_end, under_way, go_on = broker._end, asyncio.Event(), asyncio.Event()
+            real_run, under_way, go_on = broker._run, asyncio.Event(), asyncio.Event()
 
-            async def held_end(*args: Any, **kwargs: Any) -> Any:
-                under_way.set()
-                await go_on.wait()
-                return await real_end(*args, **kwargs)
+            async def held_end(script: Any, *args: Any) -> Any:
+                if script is broker._end:
+                    under_way.set()
+                    await go_on.wait()
+                return await real_run(script, *args)
 
-            broker._end = held_end
+            broker._run = held_end
             handle = producer.transaction(Message("orders", b"ended while cancelled"))
 
             async def in_handle() -> None:

@@ -126,4 +126,3 @@ class AsyncRedisBroker:
                 await pipe.execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
             logger.warning("could not delete %d answered check requests: %s", len(requests), exc)
-

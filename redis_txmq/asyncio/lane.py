@@ -5,6 +5,13 @@ out with the next one, up to ``max_batch`` calls: one write, one read, one conne
 instead of one each. Each script is still atomic on its own (a plain pipeline, not MULTI), and each caller gets its
 own reply or its own error. A caller cancelled while its call is still queued takes it out: nothing is sent for it.
 Used on a standalone Redis only: redis-py's cluster pipelines refuse EVALSHA.
+
+On a client with redis-py's own pool and connections, a batch is one EVALSHA per call packed by hiredis and written
+on a connection checked out of that pool (its ``max_connections`` and readiness check apply), read back reply by
+reply: redis-py's pipeline would first send SCRIPT EXISTS (one more round trip per batch) and pack in Python, which
+took a third of an asyncio send's time. NOSCRIPT is answered by loading the script and sending those calls again,
+and a connection error by one more attempt on a new socket (every script is idempotent, so nothing applies twice).
+Another client (a custom pool or connection class) goes through redis-py's pipeline.
 """
 
 from __future__ import annotations
@@ -13,9 +20,15 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ..connection import REDIS_ERRORS
+import redis
+import redis.asyncio
+from redis.exceptions import NoScriptError
+
+from ..connection import hiredis_packer
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
+_DIRECT_POOLS = (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
+_DIRECT_CONNECTIONS = (redis.asyncio.Connection, redis.asyncio.UnixDomainSocketConnection)
 
 
 class ScriptLane:
@@ -26,6 +39,11 @@ class ScriptLane:
         self.max_batch = max_batch
         self._queue: list[_Call] = []
         self._sender: asyncio.Task[None] | None = None
+        pool = getattr(client, "connection_pool", None)
+        self._pool = (
+            pool if type(pool) in _DIRECT_POOLS and issubclass(pool.connection_class, _DIRECT_CONNECTIONS) else None
+        )
+        self._pack = hiredis_packer(pool.connection_kwargs) if self._pool is not None else None
 
     async def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """The script's reply; raises what the call raised (a connection error fails every call of its pipeline)."""
@@ -46,19 +64,22 @@ class ScriptLane:
         try:
             # `async with`: redis-py gives the connection back to the pool even when the SCRIPT EXISTS it sends
             # before the pipeline fails (without it, each connection error there leaked one pooled connection)
-            async with self.client.pipeline(transaction=False) as pipe:
-                for script, keys, args, _ in batch:
-                    await script(keys=keys, args=args, client=pipe)
-                replies = await pipe.execute(raise_on_error=False)
-        except (*REDIS_ERRORS, OSError) as exc:
+            if self._pool is not None:
+                replies = await self._exchange_checked_out(batch)
+            else:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for script, keys, args, _ in batch:
+                        await script(keys=keys, args=args, client=pipe)
+                    replies = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # a connection error, or a fault of this code: each caller learns it, the lane goes on
             for *_, future in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
-        except BaseException as exc:  # cancelled while sending: the callers learn it, and the lane goes on
+        except BaseException:  # cancelled while sending: the callers learn it, and the lane goes on
             for *_, future in batch:
                 if not future.done():
-                    future.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+                    future.set_exception(asyncio.CancelledError())
             raise
         for (*_, future), reply in zip(batch, replies, strict=True):
             if future.done():
@@ -67,3 +88,44 @@ class ScriptLane:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+    async def _exchange_checked_out(self, batch: list[_Call]) -> list[Any]:
+        pool = self._pool
+        conn = await pool.get_connection()
+        try:
+            try:
+                replies = await self._exchange(conn, batch)
+            except redis.ConnectionError:
+                await conn.disconnect()  # a socket the server closed while idle shows only when used: once more
+                replies = await self._exchange(conn, batch)
+            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+            if missing:
+                for script in {id(batch[i][0]): batch[i][0] for i in missing}.values():
+                    await conn.send_command("SCRIPT", "LOAD", script.script)
+                    sha = await conn.read_response()
+                    script.sha = sha.decode() if isinstance(sha, bytes) else sha
+                again = await self._exchange(conn, [batch[i] for i in missing])
+                for i, reply in zip(missing, again, strict=True):
+                    replies[i] = reply
+            return replies
+        finally:
+            await pool.release(conn)  # a connection interrupted mid-exchange was disconnected by redis-py
+
+    async def _exchange(self, conn: Any, batch: list[_Call]) -> list[Any]:
+        """Write every call at once, then read each reply; a refused call's error takes its reply's place."""
+        pack = self._pack
+        packed: list[bytes] = []
+        for script, keys, args, _ in batch:
+            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            if pack is not None:
+                packed.append(pack(command))
+            else:
+                packed.extend(conn.pack_command(*command))
+        await conn.send_packed_command(packed)
+        replies: list[Any] = []
+        for _ in batch:
+            try:
+                replies.append(await conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
