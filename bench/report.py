@@ -27,6 +27,10 @@ def table(results: dict[str, Any]) -> Table:
         out.add_row("plain XADD, one process", f"{send['xadd_per_s']:,.0f} /s", "")
         out.add_row("sync send", f"{send['sync_per_s']:,.0f} tx/s", "")
         out.add_row("  ratio to XADD (median of rounds)", _ratio(send["sync_ratio"]), f"≥ {TARGETS['send_sync']}×")
+        if "direct_vs_redis_py" in send:
+            out.add_row(
+                "  ratio to the same send through redis-py's Script path", _ratio(send["direct_vs_redis_py"]), ""
+            )
         out.add_row("one-way send (incl. flush)", f"{send['oneway_per_s']:,.0f} tx/s", "")
         out.add_row("  ratio to XADD (median of rounds)", _ratio(send["oneway_ratio"]), f"≥ {TARGETS['send_oneway']}×")
         if "asyncio_per_s" in send:

@@ -1,7 +1,8 @@
 """Item 1 and 2: the sync and the one-way send against plain XADD, interleaved in one process on one Redis; and the
 asyncio producer with ``ASYNC_IN_FLIGHT`` sends in flight together (``asyncio.gather``) against the sync one.
 
-Each round times ``per_round`` plain XADDs, ``per_round`` sync sends, ``per_round`` one-way sends (the one-way time
+Each round times ``per_round`` plain XADDs, ``per_round`` sync sends, ``per_round`` sync sends through redis-py's
+own ``Script`` path (what :mod:`redis_txmq.direct` is measured against), ``per_round`` one-way sends (the one-way time
 includes its ``flush()``) and ``per_round`` asyncio sends, in an order that rotates every round, so the machine's
 drift hits all alike; the result is the median of the per-round ratios. Afterwards every committed transaction must
 be in its topic stream exactly once.
@@ -20,11 +21,13 @@ import redis.asyncio
 
 from redis_txmq import LocalTransactionState, Message, TransactionProducer
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+from redis_txmq.direct import ScriptRunner
 
 from .common import BODY, TOPIC_PREFIX, Answer, AsyncAnswer, delete_topic, spread
 
 PLAIN = f"{TOPIC_PREFIX}plain"
 SYNC_TOPIC = f"{TOPIC_PREFIX}sync"
+PLAIN_PATH_TOPIC = f"{TOPIC_PREFIX}sync-redis-py"
 ONEWAY_TOPIC = f"{TOPIC_PREFIX}oneway"
 ASYNC_TOPIC = f"{TOPIC_PREFIX}asyncio"
 ASYNC_IN_FLIGHT = 64
@@ -33,12 +36,14 @@ ASYNC_IN_FLIGHT = 64
 
 def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Rates and ratios of sync and one-way sends to plain XADD; ``tick`` is called after every round."""
-    topics = (SYNC_TOPIC, ONEWAY_TOPIC, ASYNC_TOPIC)
+    topics = (SYNC_TOPIC, PLAIN_PATH_TOPIC, ONEWAY_TOPIC, ASYNC_TOPIC)
     for topic in topics:
         delete_topic(client, topic)
     client.delete(PLAIN)
     commit = Answer(LocalTransactionState.COMMIT)
     sync = TransactionProducer(f"{TOPIC_PREFIX}sync", commit, client=client).start()
+    plain_path = TransactionProducer(f"{TOPIC_PREFIX}sync-redis-py", commit, client=client).start()
+    plain_path.broker.runner = ScriptRunner(client, direct=False)  # redis-py's Script objects, pool and callbacks
     oneway = TransactionProducer(f"{TOPIC_PREFIX}oneway", commit, client=client, oneway_end=True).start()
     loop = asyncio.new_event_loop()
     kwargs = client.connection_pool.connection_kwargs
@@ -56,7 +61,7 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
         f"{TOPIC_PREFIX}asyncio", AsyncAnswer(LocalTransactionState.COMMIT), client=async_client
     )
     loop.run_until_complete(asynchronous.start())
-    transaction_ids: dict[str, list[str]] = {SYNC_TOPIC: [], ONEWAY_TOPIC: [], ASYNC_TOPIC: []}
+    transaction_ids: dict[str, list[str]] = {topic: [] for topic in topics}
 
     def plain() -> None:
         for _ in range(per_round):
@@ -66,6 +71,11 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
         ids = transaction_ids[SYNC_TOPIC]
         for _ in range(per_round):
             ids.append(sync.send_message_in_transaction(Message(SYNC_TOPIC, BODY)).transaction_id)
+
+    def send_plain_path() -> None:
+        ids = transaction_ids[PLAIN_PATH_TOPIC]
+        for _ in range(per_round):
+            ids.append(plain_path.send_message_in_transaction(Message(PLAIN_PATH_TOPIC, BODY)).transaction_id)
 
     def send_oneway() -> None:
         ids = transaction_ids[ONEWAY_TOPIC]
@@ -85,10 +95,16 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
     def send_async() -> None:
         loop.run_until_complete(gather_sends())
 
-    runs = [("xadd", plain), ("sync", send_sync), ("oneway", send_oneway), ("asyncio", send_async)]
+    runs = [
+        ("xadd", plain),
+        ("sync", send_sync),
+        ("sync_redis_py", send_plain_path),
+        ("oneway", send_oneway),
+        ("asyncio", send_async),
+    ]
     seconds: dict[str, list[float]] = {name: [] for name, _ in runs}
     try:
-        send_sync(), send_oneway(), send_async(), plain()  # warm up: scripts, connections, registry
+        send_sync(), send_plain_path(), send_oneway(), send_async(), plain()  # warm up: scripts, connections, registry
         for topic_ids in transaction_ids.values():
             topic_ids.clear()
         for topic in topics:
@@ -102,6 +118,7 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
             tick()
     finally:
         sync.shutdown()
+        plain_path.shutdown()
         oneway.shutdown()
         loop.run_until_complete(asynchronous.shutdown())
         loop.run_until_complete(async_client.aclose())
@@ -117,6 +134,7 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
         "xadd_per_s": spread(rate["xadd"])["median"],
         "sync_per_s": spread(rate["sync"])["median"],
         "oneway_per_s": spread(rate["oneway"])["median"],
+        "direct_vs_redis_py": spread([d / p for d, p in zip(rate["sync"], rate["sync_redis_py"], strict=True)]),
         "sync_ratio": spread([s / x for s, x in zip(rate["sync"], rate["xadd"], strict=True)]),
         "oneway_ratio": spread([o / x for o, x in zip(rate["oneway"], rate["xadd"], strict=True)]),
         "asyncio_per_s": spread(rate["asyncio"])["median"],

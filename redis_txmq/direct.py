@@ -50,11 +50,13 @@ class ScriptRunner:
 
     Thread-safe. :meth:`close` releases the connections it made."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, direct: bool = True) -> None:
+        """``direct=False`` always takes redis-py's path (``txmq bench`` measures what the shortcut is worth)."""
         self.client = client
         pool = getattr(client, "connection_pool", None)
         self._direct = (
-            type(pool) in _DIRECT_POOLS
+            direct
+            and type(pool) in _DIRECT_POOLS
             and getattr(client, "connection", None) is None
             and issubclass(pool.connection_class, redis.Connection | redis.UnixDomainSocketConnection)
         )

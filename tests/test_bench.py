@@ -33,6 +33,7 @@ def test_quick_bench_reports_every_part_and_leaves_no_bench_keys(real_client, re
     send = results["send"]
     assert send["exactly_once"] and send["rounds"] == 4 and send["per_round"] == 50
     assert 0 < send["sync_ratio"]["median"] and 0 < send["oneway_ratio"]["median"]
+    assert 0 < send["direct_vs_redis_py"]["median"] and 0 < send["asyncio_vs_sync"]["median"]
     assert {(r["processes"], r["mode"]) for r in results["producers"]} == {
         (p, m) for p in (1, 2) for m in ("xadd", "sync", "oneway")
     }

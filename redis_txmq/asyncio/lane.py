@@ -71,7 +71,7 @@ class ScriptLane:
                     for script, keys, args, _ in batch:
                         await script(keys=keys, args=args, client=pipe)
                     replies = await pipe.execute(raise_on_error=False)
-        except Exception as exc:  # a connection error, or a fault of this code: each caller learns it, the lane goes on
+        except Exception as exc:  # noqa: BLE001 - a connection error or a fault here: each caller learns it
             for *_, future in batch:
                 if not future.done():
                     future.set_exception(exc)
