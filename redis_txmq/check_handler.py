@@ -27,7 +27,7 @@ from .groups import Backoff, PendingTakeover, ensure_consumer_group, is_missing_
 from .heartbeat import Heartbeat
 from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, TOPIC_REGISTRY, GroupKeys
 from .listener import TransactionListener, local_state
-from .message import LocalTransactionState, Message
+from .message import LocalTransactionState, Message, time_of_entry_id
 from .topics import restore_partitions_call
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class CheckRequest:
         stream, half_id = entries.text(fields.get(entries.STREAM)), entries.text(fields.get(entries.HALF_ID))
         if not stream or not half_id:
             raise CorruptEntryError(f"{where}: missing field(s) stream / half_id")
+        message.prepared_at = time_of_entry_id(half_id)
         return cls(producer_group, request_id, message, stream, half_id, fields.get(entries.REQUESTED_MS, b""))
 
     def answer(self, producer: str, state: LocalTransactionState, remark: str | None) -> dict[str, Any]:

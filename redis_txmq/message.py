@@ -103,6 +103,10 @@ class Message:
     delay_seconds: float | None = None
     check_immunity_seconds: float | None = None
     transaction_id: str | None = field(default=None, compare=False)
+    prepared_at: float | None = field(default=None, compare=False)
+    """When the half message was written (seconds since the epoch, Redis's clock, from its stream entry id): set on the
+    message a listener receives, so a check can tell a young transaction, which may still be running, from an old
+    one."""
 
     @property
     def keys_list(self) -> list[str]:
@@ -126,6 +130,7 @@ class Message:
         if type(state["keys"]) is list:
             state["keys"] = state["keys"][:]
         state["transaction_id"] = transaction_id
+        state["prepared_at"] = None
         copy.__dict__ = state
         return copy
 
@@ -218,6 +223,12 @@ class Message:
                     f"{where}: property name {name!r} is reserved; use the Message fields "
                     "(keys, tags, check_immunity_seconds) or another name"
                 )
+
+
+def time_of_entry_id(entry_id: str) -> float | None:
+    """The time a Redis stream entry id carries (its milliseconds part), in seconds; None for an id that has none."""
+    millis, _, _ = entry_id.partition("-")
+    return int(millis) / 1000 if millis.isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .errors import ConfigurationError, InvalidMessageError, PrepareError, TxMQError
 from .keys import TopicKeys
 from .listener import TransactionListener
-from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult
+from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult, time_of_entry_id
 from .protocol import EndCall, EndSource, PrepareResult
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class InFlight:
             raise PrepareError(
                 f"topic {message.topic!r}, transaction {message.transaction_id}: id already used ({prepared.state})"
             )
+        message.prepared_at = time_of_entry_id(prepared.half_id)
         return cls(keys, message, producer_group, prepared.half_id)
 
     @property

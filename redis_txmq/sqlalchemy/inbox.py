@@ -1,0 +1,145 @@
+"""The inbox: a consumer's effects on its database happen once per message, however often the message is delivered.
+
+A message is delivered at least once: a consumer killed between its database commit and its ack gets it again, or
+another instance claims it. The inbox records ``(consumer group, transaction id)`` under a primary key **in the
+consumer's own database transaction**: the first delivery writes the row with its effects, a redelivery finds the
+row and skips the handler, and the ack follows the commit either way. Two instances handling the same message at
+once cannot both commit: the second one's insert waits for the first transaction and then finds its row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Column, DateTime, MetaData, String, Table, delete, insert
+from sqlalchemy.exc import IntegrityError
+
+from ..entries import ConsumedMessage
+from ..errors import ConfigurationError
+from .statements import dialect_of, insert_if_absent, utc_now
+
+logger = logging.getLogger(__name__)
+
+
+class Inbox:
+    """A table of the messages each consumer group has applied, in the consumer's own database.
+
+    Columns: ``consumer_group`` and ``message_id`` (the primary key; the message's transaction id), ``topic``,
+    ``processed_at``."""
+
+    def __init__(self, metadata: MetaData, *, table_name: str = "txmq_inbox") -> None:
+        self.table = Table(
+            table_name,
+            metadata,
+            Column("consumer_group", String(127), primary_key=True),
+            Column("message_id", String(255), primary_key=True),
+            Column("topic", String(255), nullable=False),
+            Column("processed_at", DateTime(timezone=True), nullable=False, default=utc_now, index=True),
+        )
+
+    def claim(self, session: Any, consumer_group: str, message: ConsumedMessage) -> bool:
+        """Record ``message`` in ``session``'s transaction (a ``Session`` or ``Connection``): True the first time,
+        False when this group already applied it (do nothing then, but commit and ack)."""
+        values = self._values(consumer_group, message)
+        statement = insert_if_absent(self.table, dialect_of(session), values)
+        if statement is not None:
+            claimed = session.execute(statement).rowcount == 1
+        else:
+            try:
+                with session.begin_nested():
+                    session.execute(insert(self.table).values(**values))
+                claimed = True
+            except IntegrityError:
+                claimed = False
+        return self._claimed(claimed, consumer_group, message)
+
+    async def claim_async(self, session: Any, consumer_group: str, message: ConsumedMessage) -> bool:
+        """:meth:`claim` on an ``AsyncSession`` or ``AsyncConnection``."""
+        values = self._values(consumer_group, message)
+        statement = insert_if_absent(self.table, dialect_of(session), values)
+        if statement is not None:
+            claimed = (await session.execute(statement)).rowcount == 1
+        else:
+            try:
+                async with session.begin_nested():
+                    await session.execute(insert(self.table).values(**values))
+                claimed = True
+            except IntegrityError:
+                claimed = False
+        return self._claimed(claimed, consumer_group, message)
+
+    def handler(
+        self,
+        session_factory: Callable[[], Any],
+        handle: Callable[[Any, ConsumedMessage], Any],
+        *,
+        consumer_group: str,
+    ) -> Callable[[ConsumedMessage], None]:
+        """A handler for ``consumer.run``: opens a session from ``session_factory`` (a ``sessionmaker``), claims the
+        message and calls ``handle(session, message)`` in one database transaction, committed before
+        ``consumer.run`` acks. A redelivered message is committed and acked without calling ``handle``."""
+
+        def process(message: ConsumedMessage) -> None:
+            with session_factory() as session, session.begin():
+                if self.claim(session, consumer_group, message):
+                    handle(session, message)
+
+        return process
+
+    def async_handler(
+        self,
+        session_factory: Callable[[], Any],
+        handle: Callable[[Any, ConsumedMessage], Awaitable[Any]],
+        *,
+        consumer_group: str,
+    ) -> Callable[[ConsumedMessage], Awaitable[None]]:
+        """:meth:`handler` for the asyncio ``Consumer``: an ``async_sessionmaker`` and ``async def handle``."""
+
+        async def process(message: ConsumedMessage) -> None:
+            async with session_factory() as session, session.begin():
+                if await self.claim_async(session, consumer_group, message):
+                    await handle(session, message)
+
+        return process
+
+    def purge(self, engine: Any, older_than: timedelta) -> int:
+        """Delete rows older than ``older_than``; returns how many. A message redelivered after its row is gone is
+        applied again: keep the window above the longest a message can stay pending (``claim_idle`` and your
+        consumers' downtime), days rather than minutes."""
+        with engine.begin() as connection:
+            return int(connection.execute(self._older_than(older_than)).rowcount)
+
+    async def purge_async(self, engine: Any, older_than: timedelta) -> int:
+        """:meth:`purge` on an ``AsyncEngine``."""
+        async with engine.begin() as connection:
+            return int((await connection.execute(self._older_than(older_than))).rowcount)
+
+    def _older_than(self, older_than: timedelta) -> Any:
+        if older_than < timedelta(0):
+            raise ConfigurationError(f"purge: older_than must not be negative, got {older_than}")
+        return delete(self.table).where(self.table.c.processed_at < utc_now() - older_than)
+
+    @staticmethod
+    def _values(consumer_group: str, message: ConsumedMessage) -> dict[str, Any]:
+        if not consumer_group:
+            raise ConfigurationError("inbox: consumer_group is required (the group whose effects are recorded)")
+        return {
+            "consumer_group": consumer_group,
+            "message_id": message.transaction_id or f"{message.stream}/{message.id}",
+            "topic": message.topic,
+            "processed_at": utc_now(),
+        }
+
+    @staticmethod
+    def _claimed(claimed: bool, consumer_group: str, message: ConsumedMessage) -> bool:
+        if not claimed:
+            logger.info(
+                "tx=%s topic=%s group=%s already applied: skipped (a redelivery)",
+                message.transaction_id,
+                message.topic,
+                consumer_group,
+            )
+        return claimed
