@@ -8,9 +8,9 @@
     curl localhost:8000/orders/1
 
 Run ``txmq checker`` beside it: an order whose end call never reached Redis (the network, a crash after the local
-commit) is published by the check-back, which this service answers from its database. The check-back must never say
-ROLLBACK while the local transaction can still commit, so when it finds no row it first writes an ``aborted`` row
-under the transaction id: the unique transaction id then makes a late local insert fail.
+commit) is published by the check-back, which this service answers from the transaction log in its own database
+(:class:`redis_txmq.sqlalchemy.TransactionLog`: one row written in each order's local transaction; a check that finds
+none once the transaction can no longer be running fences it, so a late commit fails instead of being lost).
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from redis_txmq import LocalTransactionState, Message, Settings, TxMQConnectionError
 from redis_txmq.asyncio import TransactionProducer
+from redis_txmq.sqlalchemy import TransactionLog
 
 TOPIC = "orders"
 PRODUCER_GROUP = "order-service"
-PLACED, ABORTED = "placed", "aborted"
+LOCAL_TRANSACTION_MAX_SECONDS = 30.0
+"""Longer than any order's local transaction takes: a check-back waits this long before it gives one up."""
 
 
 class Base(DeclarativeBase):
@@ -42,16 +44,12 @@ class Base(DeclarativeBase):
 
 
 class OrderRow(Base):
-    """One row per transaction id: a placed order, or the ``aborted`` marker a check-back wrote for a transaction it
-    found without an order (the primary key then refuses that transaction's order, should it still be running)."""
-
     __tablename__ = "orders"
 
-    transaction_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    status: Mapped[str] = mapped_column(String(16))
-    order_id: Mapped[int | None] = mapped_column(unique=True)
-    customer: Mapped[str | None] = mapped_column(String(100))
-    amount: Mapped[float | None]
+    order_id: Mapped[int] = mapped_column(primary_key=True)
+    transaction_id: Mapped[str] = mapped_column(String(64), unique=True)
+    customer: Mapped[str] = mapped_column(String(100))
+    amount: Mapped[float]
 
 
 class OrderIn(BaseModel):
@@ -91,11 +89,20 @@ class OrderService:
     """The database, and the producer whose transactions pair an order row with its ``orders`` message."""
 
     def __init__(
-        self, redis_url: str, database_url: str, *, settings: Settings | None = None, group: str = PRODUCER_GROUP
+        self,
+        redis_url: str,
+        database_url: str,
+        *,
+        settings: Settings | None = None,
+        group: str = PRODUCER_GROUP,
+        local_transaction_max_seconds: float = LOCAL_TRANSACTION_MAX_SECONDS,
     ) -> None:
         self.engine = _engine(database_url)
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
-        self.producer = TransactionProducer(group, checker=self.check, redis_url=redis_url, settings=settings)
+        self.log = TransactionLog(Base.metadata, local_transaction_max_seconds=local_transaction_max_seconds)
+        self.producer = TransactionProducer(
+            group, checker=self.log.checker(self.engine), redis_url=redis_url, settings=settings
+        )
 
     async def start(self) -> None:
         """Create the table, then start the producer: from then on it answers the check-backs of its group."""
@@ -115,11 +122,11 @@ class OrderService:
         try:
             async with self.producer.transaction(Message(TOPIC, body, keys=f"order-{order.id}", tags="created")) as tx:
                 async with self.sessions.begin() as session:
+                    await session.execute(self.log.record(tx))  # first: the check-back's answer
                     session.add(
                         OrderRow(
-                            transaction_id=tx.transaction_id,
-                            status=PLACED,
                             order_id=order.id,
+                            transaction_id=tx.transaction_id,
                             customer=order.customer,
                             amount=order.amount,
                         )
@@ -127,7 +134,7 @@ class OrderService:
         except IntegrityError as exc:
             if await self.get(order.id) is not None:
                 raise OrderRefused(409, f"order {order.id} exists") from exc
-            # the insert ran after a check-back had given its transaction up (the aborted row): nothing is saved
+            # the log row was refused: a check-back had given the transaction up (fenced it); nothing is saved
             raise OrderRefused(503, f"order {order.id} took too long and was not saved; retry") from exc
         committed_id = tx.result.committed_id if tx.result is not None else None
         return OrderPlaced(
@@ -136,33 +143,14 @@ class OrderService:
 
     async def get(self, order_id: int) -> OrderOut | None:
         async with self.sessions() as session:
-            row = await session.scalar(select(OrderRow).where(OrderRow.order_id == order_id, OrderRow.status == PLACED))
+            row = await session.scalar(select(OrderRow).where(OrderRow.order_id == order_id))
         if row is None:
             return None
-        return OrderOut(id=order_id, customer=row.customer or "", amount=row.amount or 0.0)
+        return OrderOut(id=order_id, customer=row.customer, amount=row.amount)
 
     async def check(self, message: Message) -> LocalTransactionState:
-        """The check-back: COMMIT when the order is saved. Otherwise its local transaction rolled back, or is still
-        running: the ``aborted`` row makes sure it can no longer commit before the answer is ROLLBACK. If that
-        insert conflicts, the order committed meanwhile (or another check wrote the marker): read again."""
-        transaction_id = message.transaction_id or ""
-        status = await self._status(transaction_id)
-        if status is None:
-            try:
-                async with self.sessions.begin() as session:
-                    session.add(OrderRow(transaction_id=transaction_id, status=ABORTED))
-                return LocalTransactionState.ROLLBACK
-            except IntegrityError:
-                status = await self._status(transaction_id)
-        if status == PLACED:
-            return LocalTransactionState.COMMIT
-        if status == ABORTED:
-            return LocalTransactionState.ROLLBACK
-        return LocalTransactionState.UNKNOWN
-
-    async def _status(self, transaction_id: str) -> str | None:
-        async with self.sessions() as session:
-            return await session.scalar(select(OrderRow.status).where(OrderRow.transaction_id == transaction_id))
+        """The check-back, answered from the transaction log (what the producer's ``checker`` calls)."""
+        return await self.log.check_async(self.engine, message)
 
 
 def _engine(database_url: str) -> AsyncEngine:
@@ -179,11 +167,10 @@ def _engine(database_url: str) -> AsyncEngine:
     return engine
 
 
-def create_app(
-    redis_url: str, database_url: str, *, settings: Settings | None = None, group: str = PRODUCER_GROUP
-) -> FastAPI:
-    """The service; its lifespan starts and stops the database and the producer (``app.state.orders``)."""
-    service = OrderService(redis_url, database_url, settings=settings, group=group)
+def create_app(redis_url: str, database_url: str, **options: Any) -> FastAPI:
+    """The service; its lifespan starts and stops the database and the producer (``app.state.orders``); ``options``
+    go to :class:`OrderService`."""
+    service = OrderService(redis_url, database_url, **options)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

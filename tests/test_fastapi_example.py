@@ -49,10 +49,10 @@ example = load_example()
 
 
 @asynccontextmanager
-async def serving(redis_url: str, tmp_path: Path) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+async def serving(redis_url: str, tmp_path: Path, **options: Any) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
     """The app on a fresh SQLite file, its lifespan entered as a server would (database and producer started), and
     an HTTP client that calls it in process."""
-    app = example.create_app(redis_url, f"sqlite+aiosqlite:///{tmp_path / 'orders.db'}")
+    app = example.create_app(redis_url, f"sqlite+aiosqlite:///{tmp_path / 'orders.db'}", **options)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://orders") as http:
@@ -186,11 +186,12 @@ def test_an_order_whose_end_call_was_lost_is_published_by_the_check_back(real_cl
 
 def test_a_transaction_without_its_row_is_rolled_back_and_can_no_longer_commit(real_client, redis_url, tmp_path):
     """The service died between writing the half message and saving the order (here: the block is cancelled before
-    the insert). The check-back finds no row, writes the aborted marker and answers ROLLBACK; the marker refuses the
-    order should its local transaction still try to commit."""
+    the insert). Once the transaction is older than the service's bound on a local transaction, the check-back finds
+    no log row, fences it and answers ROLLBACK; the fence refuses the order should its local transaction still try to
+    commit."""
 
     async def scenario() -> None:
-        async with serving(redis_url, tmp_path) as (service, _):
+        async with serving(redis_url, tmp_path, local_transaction_max_seconds=0.5) as (service, _):
             half_written, handle = asyncio.Event(), service.producer.transaction(Message("orders", b"{}"))
 
             async def dies_before_the_insert() -> None:
@@ -209,10 +210,12 @@ def test_a_transaction_without_its_row_is_rolled_back_and_can_no_longer_commit(r
             await checker_round_until(checker, lambda: real_client.hlen(KEYS.inflight) == 0)
             assert topic_transactions(real_client) == [], "rolled back"
 
-            late = example.OrderRow(transaction_id=handle.transaction_id, status=example.PLACED, order_id=8)
             with pytest.raises(IntegrityError):
                 async with service.sessions.begin() as session:
-                    session.add(late)
+                    await session.execute(service.log.record(handle.transaction_id, topic="orders"))
+                    session.add(
+                        example.OrderRow(order_id=8, transaction_id=handle.transaction_id, customer="x", amount=1)
+                    )
             ghost = Message("orders", b"", transaction_id=handle.transaction_id)
             assert await service.check(ghost) is LocalTransactionState.ROLLBACK, "asked again, the same answer"
 

@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Column, DateTime, MetaData, String, Table, delete, insert
+from sqlalchemy import Column, DateTime, MetaData, String, delete, insert
 from sqlalchemy.exc import IntegrityError
 
 from ..entries import ConsumedMessage
 from ..errors import ConfigurationError
-from .statements import dialect_of, insert_if_absent, utc_now
+from .statements import dialect_of, insert_if_absent, table_in, utc_now
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +31,9 @@ class Inbox:
     ``processed_at``."""
 
     def __init__(self, metadata: MetaData, *, table_name: str = "txmq_inbox") -> None:
-        self.table = Table(
-            table_name,
+        self.table = table_in(
             metadata,
+            table_name,
             Column("consumer_group", String(127), primary_key=True),
             Column("message_id", String(255), primary_key=True),
             Column("topic", String(255), nullable=False),

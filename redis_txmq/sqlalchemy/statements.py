@@ -11,7 +11,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Insert, Table, insert
+from sqlalchemy import Column, Insert, MetaData, Table, insert
+
+from ..errors import ConfigurationError
 
 ON_CONFLICT_DIALECTS = ("postgresql", "sqlite")
 IGNORE_DIALECTS = ("mysql", "mariadb")
@@ -51,3 +53,15 @@ def lock_timeout_statement(dialect_name: str, seconds: float) -> str | None:
     if dialect_name == "postgresql":
         return f"SET LOCAL lock_timeout = '{max(1, int(seconds * 1000))}ms'"
     return None
+
+
+def table_in(metadata: MetaData, name: str, *columns: Column[Any]) -> Table:
+    """The table in ``metadata``: made here, or the one already there under that name (a second log or inbox over
+    the same metadata, a table reflected or declared by migrations) when it has the columns."""
+    existing = metadata.tables.get(name)
+    if existing is None:
+        return Table(name, metadata, *columns)
+    missing = [column.name for column in columns if column.name not in existing.c]
+    if missing:
+        raise ConfigurationError(f"table {name!r} exists in the metadata without the column(s) {', '.join(missing)}")
+    return existing

@@ -34,13 +34,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Column, DateTime, Insert, MetaData, String, Table, delete, insert, select
+from sqlalchemy import Column, DateTime, Insert, MetaData, String, delete, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..errors import ConfigurationError
 from ..message import LocalTransactionState, Message
 from ..sending import HandleState
-from .statements import dialect_of, insert_if_absent, lock_timeout_statement, utc_now
+from .statements import dialect_of, insert_if_absent, lock_timeout_statement, table_in, utc_now
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +74,9 @@ class TransactionLog:
         self.local_transaction_max_seconds = local_transaction_max_seconds
         self.lock_timeout_seconds = lock_timeout_seconds
         self._clock = clock
-        self.table = Table(
-            table_name,
+        self.table = table_in(
             metadata,
+            table_name,
             Column("transaction_id", String(TRANSACTION_ID_LENGTH), primary_key=True),
             Column("topic", String(255), nullable=True),
             Column("state", String(8), nullable=False),
