@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from redis_txmq import entries
+from redis_txmq import entries, tracing
 from redis_txmq.admin import registered_topics
 from redis_txmq.broker import RedisBroker
 from redis_txmq.config import Settings
@@ -332,17 +332,29 @@ class Checker:
         A connection error raises before the ack: the answers stay pending and are applied later."""
         done: list[str] = []
         ends: list[EndCall] = []
+        contexts: list[dict[str, str]] = []
         for entry_id, fields in batch:
             reply_id = entries.text(entry_id) or ""
             done.append(reply_id)
             if fields is not None:
-                end = self._end_of(reply_id, entries.field_map(fields))
+                field_map = entries.field_map(fields)
+                end = self._end_of(reply_id, field_map)
                 if end is not None:
                     ends.append(end)
+                    contexts.append(tracing.context_of_fields(field_map))
         applied = 0
         if ends:
-            for end, result in zip(ends, self.broker.end_transactions(ends), strict=True):
-                applied += self._account(end, result)
+            for end, result, context in zip(ends, self.broker.end_transactions(ends), contexts, strict=True):
+                with tracing.span_for(
+                    "settle",
+                    end.keys.topic,
+                    transaction_id=end.transaction_id,
+                    group=end.producer_group,
+                    properties=context,
+                    consumer=False,
+                ) as span:
+                    tracing.set_state(span, end.outcome)
+                    applied += self._account(end, result)
         if done:
             pipe = self.client.pipeline(transaction=False)
             pipe.xack(REPLY_STREAM, CHECKERS_CONSUMER_GROUP, *done)

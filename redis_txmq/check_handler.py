@@ -19,7 +19,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
-from . import entries
+from . import entries, tracing
 from .config import Settings
 from .connection import REDIS_ERRORS
 from .errors import CorruptEntryError, TxMQConnectionError
@@ -77,6 +77,17 @@ class CheckRequest:
         message.prepared_at = time_of_entry_id(half_id)
         return cls(producer_group, request_id, message, stream, half_id, fields.get(entries.REQUESTED_MS, b""))
 
+    def span(self) -> Any:
+        """The ``check <topic>`` span of answering this request, linked to the send (a no-op when tracing is off)."""
+        message = self.message
+        return tracing.span_for(
+            "check",
+            message.topic,
+            transaction_id=message.transaction_id,
+            group=self.producer_group,
+            properties=message.properties,
+        )
+
     def answer(self, producer: str, state: LocalTransactionState, remark: str | None) -> dict[str, Any]:
         """The fields of the answer on the reply stream."""
         return {
@@ -89,6 +100,7 @@ class CheckRequest:
             entries.REMARK: remark or "",
             entries.REQUESTED_MS: self.requested_ms,
             entries.PRODUCER: producer,
+            **tracing.carried(self.message.properties),
         }
 
     def answer_failed(self, exc: Exception) -> None:
@@ -296,9 +308,11 @@ class CheckRequestHandler:
             self._finish(request_id)
             return
         message = request.message
-        state, remark = local_state(
-            lambda: self.listener.check_local_transaction(message), message, "check_local_transaction"
-        )
+        with request.span() as span:
+            state, remark = local_state(
+                lambda: self.listener.check_local_transaction(message), message, "check_local_transaction"
+            )
+            tracing.set_state(span, state)
         try:
             self._finish(request_id, request.answer(self.instance_id, state, remark))
         except REDIS_ERRORS as exc:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
+from . import tracing
 from .consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from .entries import ConsumedMessage
 from .scripts import preload
@@ -50,7 +51,15 @@ class Consumer(ConsumerProtocol):
             return effect.apply(self.client, self._scripts)
         if isinstance(effect, Pause):
             return self._stop.wait(effect.seconds)
-        return effect.handler(effect.message)
+        message = effect.message
+        with tracing.span_for(
+            "process",
+            message.topic,
+            transaction_id=message.transaction_id,
+            group=self.group,
+            properties=message.properties,
+        ):
+            return effect.handler(message)
 
     def poll(self, timeout: float | None = None) -> list[ConsumedMessage]:
         """Up to ``batch_size`` messages: abandoned ones first, then new ones (waiting up to ``timeout``).

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from . import tracing
 from .broker import RedisBroker
 from .check_handler import CheckRequestHandler, Registrations
 from .config import Settings
@@ -173,14 +174,30 @@ class TransactionProducer:
                 f"producer group {self.producer_group!r}: call start() (or use `with`) before sending"
             )
         sent = new_send(self.producer_group, message, self.settings.max_message_size)
+        trace = tracing.start_send(sent, self.producer_group)
         try:
-            keys = self._router.keys_for(sent)
-        except REDIS_ERRORS as exc:
-            raise routing_error(sent, exc) from exc
-        prepared = self.broker.prepare_half(keys, sent, sent.transaction_id or "", self.producer_group)
-        return InFlight.of(prepared, keys, sent, self.producer_group)
+            try:
+                keys = self._router.keys_for(sent)
+            except REDIS_ERRORS as exc:
+                raise routing_error(sent, exc) from exc
+            prepared = self.broker.prepare_half(keys, sent, sent.transaction_id or "", self.producer_group)
+            return InFlight.of(prepared, keys, sent, self.producer_group, trace)
+        except BaseException as exc:
+            tracing.finish_send(trace, None, exc)
+            raise
 
     def _end(self, tx: InFlight, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
+        if tx.trace is None:
+            return self._end_call(tx, state, remark)
+        try:
+            result = self._end_call(tx, state, remark)
+        except BaseException as exc:
+            tracing.finish_send(tx.trace, None, exc)
+            raise
+        tracing.finish_send(tx.trace, result)
+        return result
+
+    def _end_call(self, tx: InFlight, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
         end = tx.end_call(state, remark)
         if end is None:
             return tx.result(state, remark)

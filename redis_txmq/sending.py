@@ -12,6 +12,7 @@ from .keys import TopicKeys
 from .listener import TransactionListener
 from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult, time_of_entry_id
 from .protocol import EndCall, EndSource, PrepareResult
+from .tracing import SendTrace
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +43,23 @@ class InFlight:
     message: Message
     producer_group: str
     half_id: str
+    trace: SendTrace | None = None
 
     @classmethod
-    def of(cls, prepared: PrepareResult, keys: TopicKeys, message: Message, producer_group: str) -> InFlight:
+    def of(
+        cls,
+        prepared: PrepareResult,
+        keys: TopicKeys,
+        message: Message,
+        producer_group: str,
+        trace: SendTrace | None = None,
+    ) -> InFlight:
         if prepared.state != "PREPARED":
             raise PrepareError(
                 f"topic {message.topic!r}, transaction {message.transaction_id}: id already used ({prepared.state})"
             )
         message.prepared_at = time_of_entry_id(prepared.half_id)
-        return cls(keys, message, producer_group, prepared.half_id)
+        return cls(keys, message, producer_group, prepared.half_id, trace)
 
     @property
     def transaction_id(self) -> str:

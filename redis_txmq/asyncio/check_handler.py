@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .. import entries
+from .. import entries, tracing
 from ..check_handler import READ_BLOCK_MS, CheckRequest, Registrations, hand_back, queue_finish, read_failed
 from ..config import Settings
 from ..connection import REDIS_ERRORS, is_async_cluster
@@ -189,9 +189,11 @@ class AsyncCheckRequestHandler:
                 await self._finish(request_id, None)
                 return
             message = request.message
-            state, remark = await local_state(
-                self.listener.check_local_transaction, message, "check_local_transaction", message
-            )
+            with request.span() as span:
+                state, remark = await local_state(
+                    self.listener.check_local_transaction, message, "check_local_transaction", message
+                )
+                tracing.set_state(span, state)
             try:
                 await self._finish(request_id, request.answer(self.instance_id, state, remark))
             except REDIS_ERRORS as exc:

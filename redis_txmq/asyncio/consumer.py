@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
+from .. import tracing
 from ..consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from ..entries import ConsumedMessage
 from .scripts import preload
@@ -55,8 +56,16 @@ class Consumer(ConsumerProtocol):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), effect.seconds)
             return None
-        result = effect.handler(effect.message)
-        return (await result) if inspect.isawaitable(result) else result
+        message = effect.message
+        with tracing.span_for(
+            "process",
+            message.topic,
+            transaction_id=message.transaction_id,
+            group=self.group,
+            properties=message.properties,
+        ):
+            result = effect.handler(message)
+            return (await result) if inspect.isawaitable(result) else result
 
     async def start(self) -> Consumer:
         """Read the topic's partitions, create the group on each where it is missing, load the scripts.

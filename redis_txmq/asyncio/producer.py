@@ -15,6 +15,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from .. import tracing
 from ..check_handler import Registrations
 from ..config import Settings
 from ..connection import REDIS_ERRORS, instance_id, resolve_client
@@ -145,16 +146,21 @@ class TransactionProducer:
                 f"producer group {self.producer_group!r}: await start() (or use `async with`) before sending"
             )
         sent = new_send(self.producer_group, message, self.settings.max_message_size)
-        partitions = self._router.known(sent.topic)
-        if partitions is None:
-            try:
-                count = count_of(await self.client.hget(topic_meta_key(sent.topic), "partitions"))
-            except REDIS_ERRORS as exc:
-                raise routing_error(sent, exc) from exc
-            partitions = self._router.remember(sent.topic, count)
-        keys = self._router.pick(sent, partitions)
-        prepared = await self.broker.prepare_half(keys, sent, sent.transaction_id or "", self.producer_group)
-        return InFlight.of(prepared, keys, sent, self.producer_group)
+        trace = tracing.start_send(sent, self.producer_group)
+        try:
+            partitions = self._router.known(sent.topic)
+            if partitions is None:
+                try:
+                    count = count_of(await self.client.hget(topic_meta_key(sent.topic), "partitions"))
+                except REDIS_ERRORS as exc:
+                    raise routing_error(sent, exc) from exc
+                partitions = self._router.remember(sent.topic, count)
+            keys = self._router.pick(sent, partitions)
+            prepared = await self.broker.prepare_half(keys, sent, sent.transaction_id or "", self.producer_group)
+            return InFlight.of(prepared, keys, sent, self.producer_group, trace)
+        except BaseException as exc:
+            tracing.finish_send(trace, None, exc)
+            raise
 
     async def _end(
         self,
@@ -162,6 +168,23 @@ class TransactionProducer:
         state: LocalTransactionState,
         remark: str | None,
         on_cancel: Callable[[TransactionSendResult], None] | None = None,
+    ) -> TransactionSendResult:
+        if tx.trace is None:
+            return await self._end_call(tx, state, remark, on_cancel)
+        try:
+            result = await self._end_call(tx, state, remark, on_cancel)
+        except BaseException as exc:
+            tracing.finish_send(tx.trace, None, exc)
+            raise
+        tracing.finish_send(tx.trace, result)
+        return result
+
+    async def _end_call(
+        self,
+        tx: InFlight,
+        state: LocalTransactionState,
+        remark: str | None,
+        on_cancel: Callable[[TransactionSendResult], None] | None,
     ) -> TransactionSendResult:
         end = tx.end_call(state, remark)
         if end is None:
