@@ -43,11 +43,9 @@ def database(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Database
             "sqlite", engine, f"sqlite+aiosqlite:///{path}", {"connect_args": {"timeout": 2}}, metadata, log, inbox
         )
     else:
-        engine = request.getfixturevalue("postgres_engine")
-        options = engine.dialect.create_connect_args(engine.url)[1].get("options")
-        async_kwargs = {"connect_args": {"options": options}} if options else {}
+        engine = request.getfixturevalue("postgres_engine")  # its URL names the test's own schema
         url = engine.url.render_as_string(hide_password=False)
-        database = Database("postgresql", engine, url, async_kwargs, metadata, log, inbox)
+        database = Database("postgresql", engine, url, {}, metadata, log, inbox)
     database.create_tables()
     yield database
     engine.dispose()

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..entries import ConsumedMessage
 from ..errors import ConfigurationError
-from .statements import dialect_of, insert_if_absent, table_in, utc_now
+from .statements import dialect_of, insert_if_absent, table_in, utc_now, was_written
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Inbox:
         values = self._values(consumer_group, message)
         statement = insert_if_absent(self.table, dialect_of(session), values)
         if statement is not None:
-            claimed = session.execute(statement).rowcount == 1
+            claimed = was_written(session.execute(statement))
         else:
             try:
                 with session.begin_nested():
@@ -61,7 +61,7 @@ class Inbox:
         values = self._values(consumer_group, message)
         statement = insert_if_absent(self.table, dialect_of(session), values)
         if statement is not None:
-            claimed = (await session.execute(statement)).rowcount == 1
+            claimed = was_written(await session.execute(statement))
         else:
             try:
                 async with session.begin_nested():

@@ -24,19 +24,28 @@ def utc_now() -> datetime:
 
 
 def insert_if_absent(table: Table, dialect_name: str, values: dict[str, Any]) -> Insert | None:
-    """One statement that writes the row unless its key is taken (rowcount 1 when written, 0 when not); None for a
-    dialect without one: the caller inserts in a SAVEPOINT instead."""
+    """One statement that writes the row unless its key is taken (:func:`was_written` tells which); None for a
+    dialect without one: the caller inserts in a SAVEPOINT instead. PostgreSQL and SQLite return the written key
+    (RETURNING): psycopg 3 reports no row count for these statements."""
+    key = list(table.primary_key.columns)[0]
     if dialect_name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        return pg_insert(table).values(**values).on_conflict_do_nothing()
+        return pg_insert(table).values(**values).on_conflict_do_nothing().returning(key)
     if dialect_name == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-        return sqlite_insert(table).values(**values).on_conflict_do_nothing()
+        return sqlite_insert(table).values(**values).on_conflict_do_nothing().returning(key)
     if dialect_name in IGNORE_DIALECTS:
         return insert(table).values(**values).prefix_with("IGNORE")
     return None
+
+
+def was_written(result: Any) -> bool:
+    """Whether an :func:`insert_if_absent` statement wrote its row."""
+    if result.returns_rows:
+        return result.first() is not None
+    return bool(result.rowcount == 1)
 
 
 def dialect_of(executor: Any) -> str:
