@@ -176,8 +176,9 @@ def listener() -> Answers:
 
 
 @pytest.fixture
-def producer(real_client, listener) -> Iterator[TransactionProducer]:
-    with TransactionProducer(GROUP, listener, client=real_client, settings=FAST) as producer:
+def producer(real_client, listener, make_producer) -> Iterator[TransactionProducer]:
+    """The check-backs are answered by a producer of each API (sync, and asyncio through a sync facade)."""
+    with make_producer(GROUP, listener, client=real_client, settings=FAST) as producer:
         yield producer
 
 
@@ -226,16 +227,16 @@ def test_unknown_answers_are_checked_again_until_the_producer_knows(real_client,
     assert committed(real_client) == {result.transaction_id: 1}
 
 
-def test_a_request_no_producer_was_there_to_read_waits_for_the_next_one(real_client, listener):
+def test_a_request_no_producer_was_there_to_read_waits_for_the_next_one(real_client, listener, make_producer):
     settings = Settings(transaction_timeout=0.1, check_interval=30, heartbeat_interval=0.5, claim_idle=1.0)
-    with TransactionProducer(GROUP, Answers(), client=real_client, settings=settings) as first:
+    with make_producer(GROUP, Answers(), client=real_client, settings=settings) as first:
         result = first.send_message_in_transaction(Message(TOPIC, b"waited"), UNKNOWN)
     checker = Checker(real_client, settings, scan_interval=0.05)
     run_rounds(checker, lambda: requested(real_client) == [result.transaction_id])
     assert real_client.hget(KEYS.checks, result.transaction_id) == b"1", "an unread request still counts as a check"
 
     listener.default = COMMIT
-    with TransactionProducer(GROUP, listener, client=real_client, settings=settings):
+    with make_producer(GROUP, listener, client=real_client, settings=settings):
         with running(checker):
             wait_until(lambda: real_client.xlen(TOPIC) == 1)
     assert listener.checked == {result.transaction_id: 1}, "the durable request was answered, no second check"
@@ -268,10 +269,10 @@ def test_answers_read_by_a_dead_checker_are_applied_once_by_another(client, died
     assert client.xlen(REPLY_STREAM) == 0 and leftovers(client) == NOTHING_LEFT
 
 
-def test_check_back_on_a_partitioned_topic(real_client, listener, checker):
+def test_check_back_on_a_partitioned_topic(real_client, listener, checker, make_producer):
     create_topic(real_client, "porders", 3)
     listener.default = lambda message: COMMIT if message.body.startswith(b"commit") else ROLLBACK
-    with TransactionProducer(GROUP, listener, client=real_client, settings=FAST) as producer:
+    with make_producer(GROUP, listener, client=real_client, settings=FAST) as producer:
         results = [
             producer.send_message_in_transaction(
                 Message("porders", b"%s-%d" % (b"commit" if i % 2 else b"rollback", i), keys=f"k{i}"), UNKNOWN
@@ -462,9 +463,9 @@ def test_max_age_dead_letters_the_whole_message(client):
     assert client.xlen(KEYS.dead_stream) == 0 and dead_letters(client) == []
 
 
-def test_max_age_with_a_producer_that_never_knows(real_client, listener):
+def test_max_age_with_a_producer_that_never_knows(real_client, listener, make_producer):
     settings = Settings(transaction_timeout=0, check_interval=0.1, check_max=1000, max_age=0.5, heartbeat_interval=0.5)
-    with TransactionProducer(GROUP, listener, client=real_client, settings=settings) as producer:
+    with make_producer(GROUP, listener, client=real_client, settings=settings) as producer:
         result = producer.send_message_in_transaction(Message(TOPIC, b"forever unknown"), UNKNOWN)
         with running(Checker(real_client, settings, scan_interval=0.05)):
             wait_until(lambda: real_client.xlen(KEYS.dead_stream) == 1)
@@ -508,10 +509,10 @@ def test_per_message_immunity_overrides_the_transaction_timeout(client):
     assert sorted(requested(client)) == ["long", "plain", "short"], "one check each within check_interval"
 
 
-def test_immunity_with_a_live_producer(real_client, listener):
+def test_immunity_with_a_live_producer(real_client, listener, make_producer):
     settings = Settings(transaction_timeout=0.8, check_interval=30, heartbeat_interval=0.5)
     listener.default = COMMIT
-    with TransactionProducer(GROUP, listener, client=real_client, settings=settings) as producer:
+    with make_producer(GROUP, listener, client=real_client, settings=settings) as producer:
         long = producer.send_message_in_transaction(Message(TOPIC, b"long", check_immunity_seconds=1.6), UNKNOWN)
         short = producer.send_message_in_transaction(Message(TOPIC, b"short", check_immunity_seconds=0.1), UNKNOWN)
         sent = time.monotonic()
@@ -803,12 +804,12 @@ def test_status_json(real_client, redis_url, listener):
 # --------------------------------------------------------------------------------------- 12. a check that raises
 
 
-def test_a_raising_check_counts_as_unknown_and_the_handler_keeps_serving(real_client, listener, caplog):
+def test_a_raising_check_counts_as_unknown_and_the_handler_keeps_serving(real_client, listener, caplog, make_producer):
     caplog.set_level(logging.INFO)
     settings = Settings(
         transaction_timeout=0.1, check_interval=0.2, check_threads=1, heartbeat_interval=0.5, claim_idle=1.0
     )
-    with TransactionProducer(GROUP, listener, client=real_client, settings=settings) as producer:
+    with make_producer(GROUP, listener, client=real_client, settings=settings) as producer:
         bad = producer.send_message_in_transaction(Message(TOPIC, b"bad"), UNKNOWN).transaction_id
         odd = producer.send_message_in_transaction(Message(TOPIC, b"odd"), UNKNOWN).transaction_id
         good = producer.send_message_in_transaction(Message(TOPIC, b"good"), UNKNOWN).transaction_id
