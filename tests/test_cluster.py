@@ -51,10 +51,11 @@ def test_topics_spread_over_the_slots_of_every_master(cluster):
         assert {cluster.keyslot(k) for k in TopicKeys(topic).script_keys()} == {cluster.keyslot(topic)}
 
 
-def test_one_way_ends_are_batched_per_master_and_applied_once(cluster):
-    """redis-py's cluster pipeline refuses EVALSHA: the flusher splits a batch by master."""
+def test_one_way_ends_are_batched_per_master_and_applied_once(cluster, make_producer):
+    """redis-py's cluster pipeline refuses EVALSHA: the flusher splits a batch by master (the asyncio one sends
+    them as concurrent calls)."""
     settings = Settings(cluster=True, end_batch_delay=0.05)
-    with TransactionProducer("oneway_cluster", Knows(set()), client=cluster, settings=settings, oneway_end=True) as p:
+    with make_producer("oneway_cluster", Knows(set()), client=cluster, settings=settings, oneway_end=True) as p:
         results = [
             p.send_message_in_transaction(Message(topic, b"%d" % i), COMMIT if i % 4 else ROLLBACK)
             for i in range(6)
@@ -72,12 +73,12 @@ def test_one_way_ends_are_batched_per_master_and_applied_once(cluster):
         assert cluster.hlen(TopicKeys(topic).inflight) == 0
 
 
-def test_check_back_through_two_txmq_checker_cluster_one_killed(cluster, cluster_url):
+def test_check_back_through_two_txmq_checker_cluster_one_killed(cluster, cluster_url, make_producer):
     settings = Settings(heartbeat_interval=0.5, cluster=True)
     committed: set[str] = set()
     listener = Knows(committed)
     rolled_back = []
-    with TransactionProducer("cluster_group", listener, client=cluster, settings=settings) as producer:
+    with make_producer("cluster_group", listener, client=cluster, settings=settings) as producer:
         for topic in TOPICS:
             committed.add(producer.send_message_in_transaction(Message(topic, b"commit"), COMMIT).transaction_id)
             rolled_back.append(producer.send_message_in_transaction(Message(topic, b"rollback"), ROLLBACK))
@@ -119,9 +120,9 @@ def test_check_back_through_two_txmq_checker_cluster_one_killed(cluster, cluster
     assert {t["topic"]: (t["committed"], t["in_flight"]) for t in report["topics"]} == {t: (2, 0) for t in TOPICS}
 
 
-def test_consumer_and_dead_letters_on_cluster(cluster, cluster_url):
+def test_consumer_and_dead_letters_on_cluster(cluster, cluster_url, make_producer):
     settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1, heartbeat_interval=0.5, cluster=True)
-    with TransactionProducer("cluster_dead", Knows(set()), client=cluster, settings=settings) as producer:
+    with make_producer("cluster_dead", Knows(set()), client=cluster, settings=settings) as producer:
         kept = producer.send_message_in_transaction(Message(TOPICS[0], b"kept"), COMMIT)
         lost = producer.send_message_in_transaction(Message(TOPICS[1], b"lost"), UNKNOWN)
     from checker import Checker
