@@ -3,6 +3,8 @@
 
     pip install "redis-txmq[example]"
     python examples/fastapi_orders.py --redis-url redis://localhost:6379/0 --database-url sqlite+aiosqlite:///orders.db
+    python examples/fastapi_orders.py --role billing --redis-url redis://localhost:6379/0 \\
+        --database-url sqlite+aiosqlite:///orders.db      # or postgresql+psycopg://user@host/db for both
     curl -X POST localhost:8000/orders -H 'content-type: application/json' \\
         -d '{"id": 1, "customer": "ada", "amount": 25.0}'
     curl localhost:8000/orders/1
@@ -11,6 +13,9 @@ Run ``txmq checker`` beside it: an order whose end call never reached Redis (the
 commit) is published by the check-back, which this service answers from the transaction log in its own database
 (:class:`redis_txmq.sqlalchemy.TransactionLog`: one row written in each order's local transaction; a check that finds
 none once the transaction can no longer be running fences it, so a late commit fails instead of being lost).
+``--role billing`` is the consuming side: it invoices each order once through the inbox
+(:class:`redis_txmq.sqlalchemy.Inbox`), however often the order is delivered. ``--console-traces`` prints the
+OpenTelemetry spans: the ``send orders`` span with the database work under it, the ``process orders`` span linked to it.
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from redis_txmq import LocalTransactionState, Message, Settings, TxMQConnectionError
-from redis_txmq.asyncio import TransactionProducer
-from redis_txmq.sqlalchemy import TransactionLog
+from redis_txmq import ConsumedMessage, LocalTransactionState, Message, Settings, TxMQConnectionError
+from redis_txmq.asyncio import Consumer, TransactionProducer
+from redis_txmq.sqlalchemy import Inbox, TransactionLog
 
 TOPIC = "orders"
 PRODUCER_GROUP = "order-service"
+BILLING_GROUP = "billing"
 LOCAL_TRANSACTION_MAX_SECONDS = 30.0
 """Longer than any order's local transaction takes: a check-back waits this long before it gives one up."""
 
@@ -49,6 +55,15 @@ class OrderRow(Base):
     order_id: Mapped[int] = mapped_column(primary_key=True)
     transaction_id: Mapped[str] = mapped_column(String(64), unique=True)
     customer: Mapped[str] = mapped_column(String(100))
+    amount: Mapped[float]
+
+
+class InvoiceRow(Base):
+    """What the billing consumer makes of an order: one invoice per order, however often the order is delivered."""
+
+    __tablename__ = "invoices"
+
+    order_id: Mapped[int] = mapped_column(primary_key=True)
     amount: Mapped[float]
 
 
@@ -153,6 +168,32 @@ class OrderService:
         return await self.log.check_async(self.engine, message)
 
 
+class Billing:
+    """The consuming side: invoices each published order, through the inbox, so that a redelivered order (the
+    consumer killed between its database commit and its ack) is invoiced once."""
+
+    def __init__(self, redis_url: str, database_url: str, **consumer_options: Any) -> None:
+        self.engine = _engine(database_url)
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self.inbox = Inbox(Base.metadata)
+        self.handler = self.inbox.async_handler(self.sessions, self.invoice, consumer_group=BILLING_GROUP)
+        self.consumer = Consumer(TOPIC, BILLING_GROUP, redis_url=redis_url, **consumer_options)
+
+    async def invoice(self, session: Any, message: ConsumedMessage) -> None:
+        order = json.loads(message.body)
+        session.add(InvoiceRow(order_id=order["id"], amount=order["amount"]))
+
+    async def run(self, max_messages: int | None = None) -> int:
+        """Invoice orders until stopped (or ``max_messages``); each is acked after its invoice committed."""
+        async with self.engine.begin() as connection:
+            await connection.run_sync(Base.metadata.create_all)
+        async with self.consumer:
+            return await self.consumer.run(self.handler, max_messages=max_messages)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+
 def _engine(database_url: str) -> AsyncEngine:
     """The async engine; on SQLite in WAL mode, so that readers (the check-back, ``GET``) never wait for a writer."""
     engine = create_async_engine(database_url)
@@ -209,7 +250,22 @@ def main() -> None:
     parser.add_argument("--database-url", default="sqlite+aiosqlite:///orders.db")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--role", choices=["api", "billing"], default="api", help="serve orders, or invoice them")
+    parser.add_argument("--console-traces", action="store_true", help="print OpenTelemetry spans (needs the SDK)")
     args = parser.parse_args()
+    if args.console_traces:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+        trace.set_tracer_provider(provider)
+    if args.role == "billing":
+        import asyncio
+
+        asyncio.run(Billing(args.redis_url, args.database_url).run())
+        return
 
     import uvicorn  # only needed to serve the app
 

@@ -22,6 +22,7 @@ for extra in ("fastapi", "sqlalchemy.ext.asyncio", "aiosqlite", "httpx"):
     pytest.importorskip(extra, reason="the example service needs the `example` extra: pip install -e '.[example]'")
 
 import httpx  # noqa: E402 - after the skips: the extra may be missing
+from sqlalchemy import select  # noqa: E402
 from sqlalchemy.exc import IntegrityError  # noqa: E402
 
 from checker import Checker  # noqa: E402
@@ -218,5 +219,42 @@ def test_a_transaction_without_its_row_is_rolled_back_and_can_no_longer_commit(r
                     )
             ghost = Message("orders", b"", transaction_id=handle.transaction_id)
             assert await service.check(ghost) is LocalTransactionState.ROLLBACK, "asked again, the same answer"
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'orders.db'}"
+    return request.getfixturevalue("postgres_engine").url.render_as_string(hide_password=False)
+
+
+def test_billing_invoices_each_order_once_through_a_redelivery(real_client, redis_url, database_url):
+    """The service and its billing consumer on one database (SQLite, PostgreSQL): the first billing instance commits
+    an invoice and dies before its ack; the next one is handed that order again and invoices only the others."""
+
+    async def scenario() -> None:
+        app = example.create_app(redis_url, database_url)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://o") as http:
+                for i in (1, 2, 3):
+                    response = await http.post("/orders", json={"id": i, "customer": f"c{i}", "amount": 10.0 * i})
+                    assert response.status_code == 201
+        dying = example.Billing(redis_url, database_url, block=0.05, min_idle_time=0.2)
+        async with dying.engine.begin() as connection:
+            await connection.run_sync(example.Base.metadata.create_all)
+        async with dying.consumer:
+            (first, *_) = await dying.consumer.poll(timeout=1)
+            await dying.handler(first)  # invoiced and committed; the process dies before the ack
+        await dying.close()
+        billing = example.Billing(redis_url, database_url, block=0.05, min_idle_time=0.2)
+        try:
+            assert await asyncio.wait_for(billing.run(max_messages=3), 15) == 3
+            async with billing.sessions() as session:
+                invoices = (await session.execute(select(example.InvoiceRow.order_id))).scalars().all()
+        finally:
+            await billing.close()
+        assert sorted(invoices) == [1, 2, 3], "each order invoiced once"
 
     asyncio.run(scenario())
