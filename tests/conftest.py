@@ -76,4 +76,5 @@ def client(request: pytest.FixtureRequest) -> redis.Redis:
 from .async_api import api, make_producer  # noqa: E402,F401 - one test, the sync and the asyncio producer
 from .cluster_fixture import cluster_url  # noqa: E402,F401 - the session-wide 3-master cluster
 from .databases import database  # noqa: E402,F401 - SQLite and PostgreSQL, a sync and an asyncio engine
+from .postgres_fixture import async_postgres_url, postgres_engine, postgres_url  # noqa: E402,F401 - own PostgreSQL
 from .spark_session import spark  # noqa: E402,F401 - the session-wide SparkSession fixture
