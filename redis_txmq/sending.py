@@ -105,14 +105,17 @@ def outcome_of_block(
     exc_type: type[BaseException] | None, exc: BaseException | None
 ) -> tuple[LocalTransactionState, str | None]:
     """What leaving a transaction handle's block decides, and the remark kept with it: COMMIT when it ended normally,
-    ROLLBACK when it raised an exception (named in the remark), UNKNOWN (no end call: the check-back asks the
-    listener) when it was cancelled or interrupted (``CancelledError``, ``KeyboardInterrupt``...): the local
-    transaction may have committed, never guess."""
+    ROLLBACK when it raised an exception (named in the remark), UNKNOWN (the check-back asks the listener) when it
+    was cancelled or interrupted (``CancelledError``, ``KeyboardInterrupt``...) or raised a database error that
+    lost its connection (SQLAlchemy's ``connection_invalidated``: a COMMIT under way may have been applied): the
+    local transaction may have committed, never guess."""
     if exc_type is None:
         return LocalTransactionState.COMMIT, None
-    if issubclass(exc_type, Exception):
-        return LocalTransactionState.ROLLBACK, f"the block raised {exc_type.__name__}: {exc}"
-    return LocalTransactionState.UNKNOWN, None
+    if not issubclass(exc_type, Exception):
+        return LocalTransactionState.UNKNOWN, None
+    if getattr(exc, "connection_invalidated", False) is True:
+        return LocalTransactionState.UNKNOWN, f"the block lost its database connection ({exc_type.__name__})"
+    return LocalTransactionState.ROLLBACK, f"the block raised {exc_type.__name__}: {exc}"
 
 
 class HandleState:

@@ -93,3 +93,17 @@ def test_check_back_of_a_handle_transaction_left_unknown(real_client, make_produ
         assert real_client.hget(KEYS.inflight, tx.transaction_id), "left in flight"
         checker = Checker(real_client, settings)
         wait_until(lambda: checker.run_round() is not None and committed_ids(real_client) == [tx.transaction_id])
+
+
+def test_a_database_error_that_lost_the_connection_leaves_the_outcome_to_the_check_back(client, make_producer):
+    """A COMMIT whose connection broke may have been applied: the handle neither commits nor rolls back, it records
+    why and leaves the transaction in flight; the exception goes on."""
+    sqlalchemy_exc = pytest.importorskip("sqlalchemy.exc")
+    lost = sqlalchemy_exc.OperationalError("COMMIT", {}, ConnectionError("server closed the connection"))
+    lost.connection_invalidated = True
+    with make_producer("order_group", ScriptedListener(), client=client) as producer:
+        with pytest.raises(sqlalchemy_exc.OperationalError):
+            with producer.transaction(Message("orders", b"order 3")) as tx:
+                raise lost
+    assert tx.result.local_transaction_state is UNKNOWN and "lost its database connection" in tx.result.remark
+    assert committed_ids(client) == [] and client.hget(KEYS.inflight, tx.transaction_id), "left to the check-back"
