@@ -1,5 +1,8 @@
 """One-way end: a send returns after the local transaction, a flusher applies the ends in pipelines, ``flush()``
-and ``shutdown()`` wait for them, and a failed batch leaves the transactions to the check-back."""
+and ``shutdown()`` wait for them, and a failed batch leaves the transactions to the check-back.
+
+The tests through the public API run on both producers (``make_producer``); those that reach into the sync
+flusher thread (``EndFlusher``, the broker's runner, ``os.fork``) stay on the sync one."""
 
 from __future__ import annotations
 
@@ -43,9 +46,9 @@ def outcome_of(i):
     return (COMMIT, ROLLBACK, UNKNOWN)[i % 3]
 
 
-def test_every_end_applied_once_after_flush(client):
+def test_every_end_applied_once_after_flush(client, make_producer):
     listener = ScriptedListener()
-    with TransactionProducer("order_group", listener, client=client, oneway_end=True) as producer:
+    with make_producer("order_group", listener, client=client, oneway_end=True) as producer:
         results = [
             producer.send_message_in_transaction(Message("orders", str(i).encode()), outcome_of(i)) for i in range(300)
         ]
@@ -61,19 +64,19 @@ def test_every_end_applied_once_after_flush(client):
         assert bodies == [i for i in range(300) if i % 3 == 0]
 
 
-def test_shutdown_applies_queued_ends_without_waiting_for_the_batch_delay(client):
+def test_shutdown_applies_queued_ends_without_waiting_for_the_batch_delay(client, make_producer):
     settings = Settings(end_batch_size=10_000, end_batch_delay=10)
-    producer = TransactionProducer("order_group", ScriptedListener(), client=client, settings=settings, oneway_end=True)
+    producer = make_producer("order_group", ScriptedListener(), client=client, settings=settings, oneway_end=True)
     with producer:
         results = [producer.send_message_in_transaction(Message("orders", b"x"), COMMIT) for _ in range(40)]
     assert committed(client) == {r.transaction_id: 1 for r in results}
     assert in_flight(client) == set()
 
 
-def test_threads_share_a_one_way_producer_with_a_tiny_queue(client):
+def test_threads_share_a_one_way_producer_with_a_tiny_queue(client, make_producer):
     """A full queue makes the send wait for the flusher: nothing is dropped, nothing deadlocks."""
     settings = Settings(end_queue_size=2, end_batch_size=2)
-    with TransactionProducer(
+    with make_producer(
         "order_group", ScriptedListener(), client=client, settings=settings, oneway_end=True
     ) as producer:
 
@@ -86,8 +89,8 @@ def test_threads_share_a_one_way_producer_with_a_tiny_queue(client):
     assert committed(client) == {r.transaction_id: 1 for r in results}
 
 
-def test_flush_waits_for_its_own_ends_not_for_other_threads_sending_on(client):
-    with TransactionProducer("order_group", ScriptedListener(), client=client, oneway_end=True) as producer:
+def test_flush_waits_for_its_own_ends_not_for_other_threads_sending_on(client, make_producer):
+    with make_producer("order_group", ScriptedListener(), client=client, oneway_end=True) as producer:
         stop = threading.Event()
 
         def keep_sending():
@@ -139,8 +142,8 @@ def test_an_end_the_broker_refuses_is_counted_with_its_transaction_id(client, ca
     assert any("0" * 32 in r.getMessage() and "no in-flight transaction" in r.getMessage() for r in caplog.records)
 
 
-def test_flush_of_a_synchronous_producer_returns_at_once(client):
-    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
+def test_flush_of_a_synchronous_producer_returns_at_once(client, make_producer):
+    with make_producer("order_group", ScriptedListener(), client=client) as producer:
         result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
         assert producer.flush(timeout=0) and producer.pending_ends == 0
     assert result.committed_id and not result.end_queued
@@ -290,24 +293,24 @@ def test_the_queue_bound_is_exact():
     assert flusher.close(timeout=10)
 
 
-def test_the_first_queued_end_wakes_the_flusher(client):
-    with TransactionProducer("order_group", ScriptedListener(), client=client, oneway_end=True) as producer:
+def test_the_first_queued_end_wakes_the_flusher(client, make_producer):
+    with make_producer("order_group", ScriptedListener(), client=client, oneway_end=True) as producer:
         result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
         wait_until(lambda: committed(client) == {result.transaction_id: 1})  # no flush(): the flusher woke by itself
 
 
-def test_a_full_batch_is_sent_without_waiting_for_the_batch_delay(client):
+def test_a_full_batch_is_sent_without_waiting_for_the_batch_delay(client, make_producer):
     settings = Settings(end_batch_size=3, end_batch_delay=10)
-    with TransactionProducer(
+    with make_producer(
         "order_group", ScriptedListener(), client=client, settings=settings, oneway_end=True
     ) as producer:
         results = [producer.send_message_in_transaction(Message("orders", b"x"), COMMIT) for _ in range(3)]
         wait_until(lambda: committed(client) == {r.transaction_id: 1 for r in results}, timeout=5)
 
 
-def test_flush_cuts_the_batch_delay(client):
+def test_flush_cuts_the_batch_delay(client, make_producer):
     settings = Settings(end_batch_size=10_000, end_batch_delay=10)
-    with TransactionProducer(
+    with make_producer(
         "order_group", ScriptedListener(), client=client, settings=settings, oneway_end=True
     ) as producer:
         results = [producer.send_message_in_transaction(Message("orders", b"x"), COMMIT) for _ in range(5)]
