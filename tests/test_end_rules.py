@@ -13,7 +13,6 @@ from redis_txmq import (
     ProducerGroupMismatchError,
     Settings,
     TransactionDeadLetteredError,
-    TransactionProducer,
 )
 from redis_txmq.broker import EndSource, RedisBroker
 from redis_txmq.keys import TopicKeys
@@ -39,9 +38,9 @@ def broker(real_client):
 
 
 @pytest.fixture
-def sent(real_client):
-    """Send one message per outcome; returns ``{outcome: result}``."""
-    with TransactionProducer(GROUP, ScriptedListener(), client=real_client) as producer:
+def sent(real_client, make_producer):
+    """Send one message per outcome, with each producer API; returns ``{outcome: result}``."""
+    with make_producer(GROUP, ScriptedListener(), client=real_client) as producer:
         results = {
             state: producer.send_message_in_transaction(Message("orders", b"x"), state) for state in (COMMIT, ROLLBACK)
         }
@@ -119,12 +118,12 @@ def test_ending_a_dead_lettered_transaction_raises_the_dead_letter_error(real_cl
     assert real_client.xlen("orders") == 0
 
 
-def test_the_op_stream_keeps_its_cap(real_client):
+def test_the_op_stream_keeps_its_cap(real_client, make_producer):
     """``XADD MAXLEN ~`` trims whole nodes of ``stream-node-max-entries``: the op stream holds at most the cap plus
     one node, however many transactions end (three nodes' worth here)."""
     node = int(real_client.config_get("stream-node-max-entries")["stream-node-max-entries"])
     settings = Settings(op_stream_maxlen=10)
-    with TransactionProducer(GROUP, ScriptedListener(), client=real_client, settings=settings) as producer:
+    with make_producer(GROUP, ScriptedListener(), client=real_client, settings=settings) as producer:
         results = [
             producer.send_message_in_transaction(Message("orders", b"x"), COMMIT if i % 2 else ROLLBACK)
             for i in range(3 * node + 10)
