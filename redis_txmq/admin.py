@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from redis.cluster import RedisCluster
+
 from . import entries
 from .broker import RedisBroker
 from .errors import TransactionNotFoundError
@@ -86,7 +88,44 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
         pending = client.xlen(gkeys.check_requests)  # answered requests are deleted: the length is the backlog
         groups.append({"producer_group": group, "live_instances": live, "pending_check_requests": pending})
     checkers = client.zcount(CHECKER_INSTANCES, live_from, "+inf")
-    return {"topics": topics, "producer_groups": groups, "checkers": {"live_instances": checkers}}
+    return {
+        "servers": servers(client),
+        "topics": topics,
+        "producer_groups": groups,
+        "checkers": {"live_instances": checkers},
+    }
+
+
+def servers(client: Any) -> list[dict[str, Any]]:
+    """The server behind the client (each master of a cluster): address, software and version, role, replicas.
+
+    ``version`` is the software's own (Valkey's ``valkey_version``), ``redis_version`` the Redis protocol level it
+    claims; features are gated on the latter, never on the name."""
+    if isinstance(client, RedisCluster):
+        nodes = [(node.name, node.redis_connection) for node in client.get_primaries()]
+    else:
+        kwargs = client.connection_pool.connection_kwargs
+        address = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        nodes = [(address, client)]
+    rows = []
+    for address, node in nodes:
+        info = {**node.info("server"), **node.info("replication")}
+        replicas = [
+            f"{value['ip']}:{value['port']}"
+            for key, value in sorted(info.items())
+            if key.startswith("slave") and isinstance(value, dict) and "ip" in value
+        ]
+        rows.append(
+            {
+                "address": address,
+                "server": str(info.get("server_name") or "redis"),
+                "version": str(info.get("valkey_version") or info.get("redis_version")),
+                "redis_version": str(info.get("redis_version")),
+                "role": str(info.get("role")),
+                "replicas": replicas,
+            }
+        )
+    return rows
 
 
 def dead_letters(client: Any, topic: str | None = None, count: int = 1000) -> list[dict[str, Any]]:

@@ -424,6 +424,12 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
+    servers = Table(title="servers")
+    for column in ("address", "server", "version", "role", "replicas"):
+        servers.add_column(column)
+    for server in report["servers"]:
+        replicas = ", ".join(server["replicas"]) or "none"
+        servers.add_row(server["address"], server["server"], server["version"], server["role"], replicas)
     topics = Table(title="topics")
     for column in ("topic", "committed", "in flight", "oldest in flight (s)", "dead letters"):
         topics.add_column(column)
@@ -441,7 +447,7 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
         groups.add_column(column)
     for g in report["producer_groups"]:
         groups.add_row(g["producer_group"], str(g["live_instances"]), str(g["pending_check_requests"]))
-    console.print(topics, groups)
+    console.print(servers, topics, groups)
     console.print(f"live checkers: {report['checkers']['live_instances']}")
 
 

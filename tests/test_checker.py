@@ -790,6 +790,11 @@ def test_status_json(real_client, redis_url, listener):
         assert groups[GROUP]["live_instances"] == 1 and groups["idle_group"]["live_instances"] == 0
         assert groups[GROUP]["pending_check_requests"] == 0
         assert report["checkers"]["live_instances"] == 1
+        (server,) = report["servers"]
+        assert server["role"] == "master" and server["replicas"] == []
+        assert server["redis_version"] == real_client.info("server")["redis_version"]
+        port = redis_url.rsplit(":", 1)[1].split("/")[0]
+        assert server["server"] in ("redis", "valkey") and server["address"].endswith(f":{port}")
 
         # The age grows on the server's clock while the transaction stays in flight.
         def oldest_age() -> float:

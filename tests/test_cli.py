@@ -3,6 +3,7 @@ dead-letter commands."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -237,3 +238,27 @@ def test_without_redis_server_on_the_path_the_demo_runs_on_valkey(monkeypatch):
         assert outcome.ok and outcome.committed == [1, 3, 5, 6]
         assert client.xlen("orders") == 4
         client.close()
+
+
+def test_status_shows_the_servers_replicas(redis_url):
+    """A replica attached to the test server appears in `txmq status` under its master."""
+    master_port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    with EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", master_port]) as replica:
+        replica_port = replica.url.rsplit(":", 1)[1].split("/")[0]
+        master = redis.Redis.from_url(redis_url)
+
+        def attached() -> bool:
+            return any(
+                isinstance(v, dict) and str(v.get("port")) == replica_port and v.get("state") == "online"
+                for k, v in master.info("replication").items()
+                if k.startswith("slave")
+            )
+
+        wait_until(attached, timeout=20)
+        out = CliRunner().invoke(main, ["status", "--json", "--redis-url", redis_url])
+        assert out.exit_code == 0, out.output
+        (server,) = json.loads(out.output)["servers"]
+        assert server["role"] == "master" and server["replicas"] == [f"127.0.0.1:{replica_port}"]
+        table = CliRunner().invoke(main, ["status", "--redis-url", redis_url])
+        assert f"127.0.0.1:{replica_port}" in table.output
+        master.close()
