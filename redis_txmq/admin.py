@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from redis.cluster import RedisCluster
 
 from . import entries
@@ -109,7 +110,11 @@ def servers(client: Any) -> list[dict[str, Any]]:
         nodes = [(address, client)]
     rows = []
     for address, node in nodes:
-        info = {**node.info("server"), **node.info("replication")}
+        try:
+            info = {**node.info("server"), **node.info("replication")}
+        except redis.ResponseError as exc:  # a user without INFO (an ACL), a server that lacks it: still a report
+            logger.info("status: INFO refused by %s: %s", address, exc)
+            info = {}
         replicas = [
             f"{value['ip']}:{value['port']}"
             for key, value in sorted(info.items())
@@ -118,10 +123,10 @@ def servers(client: Any) -> list[dict[str, Any]]:
         rows.append(
             {
                 "address": address,
-                "server": str(info.get("server_name") or "redis"),
-                "version": str(info.get("valkey_version") or info.get("redis_version")),
-                "redis_version": str(info.get("redis_version")),
-                "role": str(info.get("role")),
+                "server": str(info.get("server_name") or ("redis" if info else "unknown")),
+                "version": str(info.get("valkey_version") or info.get("redis_version") or "unknown"),
+                "redis_version": str(info.get("redis_version") or "unknown"),
+                "role": str(info.get("role") or "unknown"),
                 "replicas": replicas,
             }
         )
