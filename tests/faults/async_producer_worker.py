@@ -6,8 +6,8 @@ sent by :class:`redis_txmq.asyncio.TransactionProducer` with an asyncio listener
 touches ``<ledger>.done`` and keeps answering check-backs until SIGTERM. A share of the orders
 (:data:`HANDLE_SHARE`) goes through a transaction handle (``async with producer.transaction(message)``) instead of
 the listener; such an order that must end UNKNOWN leaves its block through an expired ``asyncio.timeout`` after its
-database work, which leaves the transaction to the check-back. The ledger is used from threads
-(``asyncio.to_thread``): SQLite may wait for another process' lock, never on the loop."""
+database work, which leaves the transaction to the check-back. The order book is used through its async methods
+(a thread for SQLite, the asyncio engine for PostgreSQL), the journal from threads."""
 
 from __future__ import annotations
 
@@ -23,9 +23,18 @@ import redis
 
 from redis_txmq import LocalTransactionState, Message, PrepareError, Settings, TransactionSendResult, TxMQError
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
+from redis_txmq.sending import HandleState
 
 from .ledger import Ledger
-from .producer_worker import AFTER_COMMIT, WRITES_ROW, LocalTransactionFailed, order, outcome_of
+from .producer_worker import (
+    AFTER_COMMIT,
+    WRITES_ROW,
+    LocalTransactionFailed,
+    OrderBook,
+    order,
+    order_book,
+    outcome_of,
+)
 
 logger = logging.getLogger("faults.async_producer")
 
@@ -39,20 +48,19 @@ TIMED_OUT = AFTER_COMMIT / 2
 
 
 class AsyncOrderService(TransactionListener):
-    """The asyncio listener: the order row is the local transaction; the check-back asks the sender's ledger."""
+    """The asyncio listener: the order row is the local transaction; the check-back asks the order book."""
 
-    def __init__(self, ledgers: list[Ledger], slot: int) -> None:
-        self.ledgers = ledgers
-        self.own = ledgers[slot]
+    def __init__(self, book: OrderBook, own: Ledger) -> None:
+        self.book = book
+        self.own = own
         self.fenced: set[str] = set()
 
-    async def commit_order(self, message: Message) -> bool:
+    async def commit_order(self, transaction: HandleState | Message) -> bool:
         """The order row; False (the transaction fenced) if a check-back aborted it first."""
-        transaction_id = message.transaction_id or ""
-        order_id = dict(message.properties or {})["order"]
-        if await asyncio.to_thread(self.own.commit_order, transaction_id, order_id, message.topic):
+        if await self.book.commit_order_async(transaction):
             return True
-        self.fenced.add(transaction_id)
+        message = transaction.message if isinstance(transaction, HandleState) else transaction
+        self.fenced.add(message.transaction_id or "")
         return False
 
     async def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
@@ -64,9 +72,7 @@ class AsyncOrderService(TransactionListener):
         return {"commit": LocalTransactionState.COMMIT, "rollback": LocalTransactionState.ROLLBACK}.get(arg)
 
     async def check_local_transaction(self, message: Message) -> LocalTransactionState:
-        owner = self.ledgers[int(dict(message.properties or {})["service"])]
-        committed = await asyncio.to_thread(owner.decide, message.transaction_id or "")
-        return LocalTransactionState.COMMIT if committed else LocalTransactionState.ROLLBACK
+        return await self.book.check_async(message)
 
 
 class Sender:
@@ -87,7 +93,7 @@ class Sender:
         try:
             async with asyncio.timeout(None) as deadline:
                 async with self.producer.transaction(message) as tx:
-                    if behaviour in WRITES_ROW and not await self.service.commit_order(tx.message):
+                    if behaviour in WRITES_ROW and not await self.service.commit_order(tx):
                         await tx.rollback()
                         return tx.result
                     if behaviour.startswith("unknown"):
@@ -175,7 +181,7 @@ async def serve(config: dict[str, Any], slot: int) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     ledgers = [Ledger(Path(path)) for path in config["ledgers"]]
-    service = AsyncOrderService(ledgers, slot)
+    service = AsyncOrderService(order_book(config, ledgers, slot), ledgers[slot])
     settings = Settings(redis_url=config["redis_url"], **config["settings"])
     oneway_end = slot in config["oneway_slots"]
     producer = await start_producer(config["producer_group"], service, settings, oneway_end, stop)

@@ -31,10 +31,17 @@ def fault_seed(fault_report: list[str]) -> int:
     return seed
 
 
-@pytest.fixture
-def system(tmp_path: Path, fault_seed: int, fault_report: list[str]) -> Iterator[System]:
-    built = System(tmp_path, fault_seed, sizes_from_env())
-    fault_report.append(f"logs, ledgers and Redis data of the run: {tmp_path}")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def system(
+    request: pytest.FixtureRequest, tmp_path: Path, fault_seed: int, fault_report: list[str]
+) -> Iterator[System]:
+    """The system, its services keeping their orders in SQLite ledgers or in a fresh PostgreSQL schema."""
+    database_url = None
+    if request.param == "postgresql":
+        engine = request.getfixturevalue("postgres_engine")
+        database_url = engine.url.render_as_string(hide_password=False)
+    built = System(tmp_path, fault_seed, sizes_from_env(), database_url)
+    fault_report.append(f"{request.param}: logs, ledgers and Redis data of the run: {tmp_path}")
     try:
         yield built
     finally:

@@ -10,7 +10,11 @@ exits with status 3 and the suite reports it.
 
 A record line is ``topic stream entry-id transaction-id delivery-count``, written with one ``write`` on an
 ``O_APPEND`` descriptor before the ack: a SIGKILL loses no recorded delivery, and a delivery killed before its ack
-comes again (counted as a redelivery)."""
+comes again (counted as a redelivery).
+
+When the config has a ``database_url`` (the PostgreSQL variant), each delivery is then applied to the consumer
+group's database through the inbox (an invoice, committed before the ack; :mod:`.pg_databases`): a redelivery must
+find its inbox row and add no second invoice."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +44,37 @@ RUN_ENDED = 3
 """Exit status when ``Consumer.run`` ended before it was stopped."""
 
 
+def billing_database(config: dict[str, Any]) -> Any:
+    """The consumer group's PostgreSQL database, or None in the SQLite variant."""
+    if not config.get("database_url"):
+        return None
+    from .pg_databases import BillingDatabase
+
+    return BillingDatabase(config["database_url"], config["consumer_group"])
+
+
 class Reader:
     """One topic of one consumer instance."""
 
-    def __init__(self, topic: str, config: dict[str, Any], record: int, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        topic: str,
+        config: dict[str, Any],
+        record: int,
+        stop: threading.Event,
+        apply: Callable[[ConsumedMessage], None] | None = None,
+    ) -> None:
         self.topic = topic
         self.config = config
         self.record = record
         self.stop = stop
+        self.apply = apply
         self.consumer: Consumer | None = None
 
     def handle(self, message: ConsumedMessage) -> None:
         os.write(self.record, record_line(self.topic, message))
+        if self.apply is not None:
+            self.apply(message)
         time.sleep(WORK)
 
     def open(self) -> Consumer | None:
@@ -96,15 +120,25 @@ def record_line(topic: str, message: ConsumedMessage) -> bytes:
 class AsyncReader:
     """One topic of the asyncio consumer instance."""
 
-    def __init__(self, topic: str, config: dict[str, Any], record: int, stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        topic: str,
+        config: dict[str, Any],
+        record: int,
+        stop: asyncio.Event,
+        apply: Callable[[ConsumedMessage], Awaitable[None]] | None = None,
+    ) -> None:
         self.topic = topic
         self.record = record
         self.stop = stop
+        self.apply = apply
         group, url = config["consumer_group"], config["redis_url"]
         self.consumer = AsyncConsumer(topic, group, redis_url=url, block=0.5, **config["consumer"])
 
     async def handle(self, message: ConsumedMessage) -> None:
         os.write(self.record, record_line(self.topic, message))
+        if self.apply is not None:
+            await self.apply(message)
         await asyncio.sleep(WORK)
 
     async def open(self) -> bool:
@@ -142,7 +176,9 @@ class AsyncReader:
 
 async def consume_async(config: dict[str, Any], record: int) -> None:
     stop = asyncio.Event()
-    readers = [AsyncReader(topic, config, record, stop) for topic in config["topics"]]
+    billing = billing_database(config)
+    apply = None if billing is None else billing.async_handler()
+    readers = [AsyncReader(topic, config, record, stop, apply) for topic in config["topics"]]
 
     def terminate() -> None:
         stop.set()
@@ -153,6 +189,8 @@ async def consume_async(config: dict[str, Any], record: int) -> None:
     await asyncio.gather(*(r.read("run" if i else "iterate") for i, r in enumerate(readers)))
     for reader in readers:
         await reader.consumer.close()
+    if billing is not None:
+        await billing.aclose()
 
 
 def main(config_path: str, index: str) -> None:
@@ -168,7 +206,9 @@ def main(config_path: str, index: str) -> None:
         os.close(record)
         return
     stop = threading.Event()
-    readers = [Reader(topic, config, record, stop) for topic in config["topics"]]
+    billing = billing_database(config)
+    apply = None if billing is None else billing.handler()
+    readers = [Reader(topic, config, record, stop, apply) for topic in config["topics"]]
 
     def terminate(*_: Any) -> None:
         stop.set()
@@ -185,6 +225,8 @@ def main(config_path: str, index: str) -> None:
     for reader in readers:
         if reader.consumer is not None:
             reader.consumer.close()
+    if billing is not None:
+        billing.close()
     os.close(record)
 
 

@@ -1,8 +1,13 @@
 """The system under test, assembled: a redis-server, the fault proxy in front of it, and the service processes
-(producers of one group, checkers, consumers of one consumer group), all of which reach Redis through the proxy."""
+(producers of one group, checkers, consumers of one consumer group), all of which reach Redis through the proxy.
+
+The services keep their orders in SQLite ledgers, one per producer slot, or, given a ``database_url`` (the PostgreSQL
+variant), in PostgreSQL: the order service's orders and transaction log, the consumer group's invoices and inbox
+(:mod:`.pg_databases`). The journal of sends is a slot's SQLite ledger in both."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -123,6 +128,8 @@ class System:
     workdir: Path
     seed: int
     sizes: Sizes
+    database_url: str | None = None
+    """The PostgreSQL database (an empty schema) of the services, or None for SQLite ledgers."""
     server: RedisServer = field(init=False)
     proxy: FaultProxy = field(init=False)
     ledgers: list[Ledger] = field(init=False)
@@ -151,6 +158,10 @@ class System:
         return redis.Redis(port=self.server.port)
 
     def start(self) -> None:
+        if self.database_url:
+            from .pg_databases import create_schema
+
+            create_schema(self.database_url)
         self.server.start()
         self.proxy.start()
         client = self.client()
@@ -191,6 +202,7 @@ class System:
             "consumer_group": CONSUMER_GROUP,
             "topics": list(TOPICS),
             "ledgers": [str(ledger.path) for ledger in self.ledgers],
+            "database_url": self.database_url,
             "deliveries": str(self.deliveries),
             "seed": self.seed,
             "quotas": [count // slots + (1 if slot < count % slots else 0) for slot in range(slots)],
@@ -200,6 +212,45 @@ class System:
             "settings": SETTINGS | {"heartbeat_interval": HEARTBEAT_INTERVAL},
             "consumer": CONSUMER,
         }
+
+    def committed(self) -> dict[str, str]:
+        """The ground truth: transaction id -> topic of every committed order."""
+        if self.database_url:
+            from .pg_databases import OrderDatabase
+
+            database = OrderDatabase(self.database_url)
+            try:
+                return database.committed()
+            finally:
+                database.close()
+        truth: dict[str, str] = {}
+        for ledger in self.ledgers:
+            truth |= ledger.committed()
+        return truth
+
+    def aborted(self) -> int:
+        """Transactions a check-back found without their order and aborted for good (tombstones or fences)."""
+        if self.database_url:
+            from .pg_databases import OrderDatabase
+
+            database = OrderDatabase(self.database_url)
+            try:
+                return database.fenced()
+            finally:
+                database.close()
+        return sum(ledger.aborted() for ledger in self.ledgers)
+
+    def billed(self) -> collections.Counter[str] | None:
+        """Transaction id -> invoices in the consumer group's database (PostgreSQL variant; else None)."""
+        if not self.database_url:
+            return None
+        from .pg_databases import BillingDatabase
+
+        database = BillingDatabase(self.database_url, CONSUMER_GROUP)
+        try:
+            return database.billed()
+        finally:
+            database.close()
 
     def restart_exited(self) -> None:
         """Restart every worker that ended on its own (a finding: kept in :attr:`exits` with its log's tail)."""

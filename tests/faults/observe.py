@@ -1,4 +1,4 @@
-"""What a run left behind, read straight from Redis, from the ledgers and from the consumers' records."""
+"""What a run left behind, read straight from Redis and from the consumers' records."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from redis_txmq.keys import (
 from redis_txmq.topics import partition_keys
 
 from .harness import CONSUMER_GROUP, PRODUCER_GROUP, TOPICS
-from .ledger import Ledger
 
 MISSING_GROUP = -1
 """What :func:`leftovers` reports for a consumer group that should exist and does not."""
@@ -109,11 +108,3 @@ def deliveries(directory: Path) -> list[Delivery]:
             topic, stream, entry_id, transaction_id, count = line.split()
             found.append(Delivery(topic, stream, entry_id, transaction_id, int(count)))
     return found
-
-
-def ground_truth(ledgers: list[Ledger]) -> dict[str, str]:
-    """Transaction id -> topic of every committed order, over all the services' ledgers."""
-    truth: dict[str, str] = {}
-    for ledger in ledgers:
-        truth |= ledger.committed()
-    return truth

@@ -4,10 +4,15 @@ own ledger, and answers its group's check-backs from the ledger of the service t
 ``python -m tests.faults.producer_worker CONFIG SLOT``: sends orders ``SLOT-<n>`` until the slot's quota (resuming
 after a restart), touches ``<ledger>.done``, then keeps answering check-backs until SIGTERM. The slots listed in
 ``oneway_slots`` send with ``oneway_end=True``: ends queued when the process is killed are repaired by check-back.
-The asyncio producer's slot is served by :mod:`.async_producer_worker` instead, with the same orders and ledger."""
+The asyncio producer's slot is served by :mod:`.async_producer_worker` instead, with the same orders and ledger.
+
+Where the orders live (:func:`order_book`): each slot's SQLite ledger, or, when the config has a ``database_url``,
+the service's PostgreSQL database with its transaction log (:mod:`.pg_databases`); the journal of sends stays in the
+slot's ledger either way."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -16,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import redis
 
@@ -30,6 +35,7 @@ from redis_txmq import (
     TransactionSendResult,
     TxMQError,
 )
+from redis_txmq.sending import HandleState
 
 from .ledger import Ledger
 
@@ -73,19 +79,63 @@ class LocalTransactionFailed(Exception):
     """What a ``raise*`` local transaction raises."""
 
 
-class OrderService(TransactionListener):
-    """The listener: the order row is the local transaction; the check-back asks the sender's ledger."""
+class OrderBook(Protocol):
+    """Where a service keeps its orders: the local transaction writes one, the check-back reads them."""
+
+    def commit_order(self, transaction: HandleState | Message) -> bool:
+        """The order row of ``transaction``; False when a check-back aborted the transaction first."""
+
+    async def commit_order_async(self, transaction: HandleState | Message) -> bool: ...
+
+    def check(self, message: Message) -> LocalTransactionState: ...
+
+    async def check_async(self, message: Message) -> LocalTransactionState: ...
+
+
+class LedgerBook:
+    """The SQLite variant: each slot's own ledger; a check-back asks the ledger of the slot that sent the order.
+    The async methods use a thread: SQLite may wait for another process' lock, never on the loop."""
 
     def __init__(self, ledgers: list[Ledger], slot: int) -> None:
         self.ledgers = ledgers
         self.own = ledgers[slot]
+
+    def commit_order(self, transaction: HandleState | Message) -> bool:
+        message = transaction.message if isinstance(transaction, HandleState) else transaction
+        order_id = dict(message.properties or {})["order"]
+        return self.own.commit_order(message.transaction_id or "", order_id, message.topic)
+
+    async def commit_order_async(self, transaction: HandleState | Message) -> bool:
+        return await asyncio.to_thread(self.commit_order, transaction)
+
+    def check(self, message: Message) -> LocalTransactionState:
+        owner = self.ledgers[int(dict(message.properties or {})["service"])]
+        committed = owner.decide(message.transaction_id or "")
+        return LocalTransactionState.COMMIT if committed else LocalTransactionState.ROLLBACK
+
+    async def check_async(self, message: Message) -> LocalTransactionState:
+        return await asyncio.to_thread(self.check, message)
+
+
+def order_book(config: dict[str, Any], ledgers: list[Ledger], slot: int) -> OrderBook:
+    if config.get("database_url"):
+        from .pg_databases import OrderDatabase
+
+        return OrderDatabase(config["database_url"])
+    return LedgerBook(ledgers, slot)
+
+
+class OrderService(TransactionListener):
+    """The listener: the order row is the local transaction; the check-back asks the order book."""
+
+    def __init__(self, book: OrderBook, own: Ledger) -> None:
+        self.book = book
+        self.own = own
         self.fenced: set[str] = set()
 
     def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
-        transaction_id = message.transaction_id or ""
-        properties = dict(message.properties or {})
-        if arg in WRITES_ROW and not self.own.commit_order(transaction_id, properties["order"], message.topic):
-            self.fenced.add(transaction_id)
+        if arg in WRITES_ROW and not self.book.commit_order(message):
+            self.fenced.add(message.transaction_id or "")
             return LocalTransactionState.ROLLBACK
         time.sleep(AFTER_COMMIT)
         if arg.startswith("raise"):
@@ -93,9 +143,7 @@ class OrderService(TransactionListener):
         return {"commit": LocalTransactionState.COMMIT, "rollback": LocalTransactionState.ROLLBACK}.get(arg)
 
     def check_local_transaction(self, message: Message) -> LocalTransactionState:
-        owner = self.ledgers[int(dict(message.properties or {})["service"])]
-        committed = owner.decide(message.transaction_id or "")
-        return LocalTransactionState.COMMIT if committed else LocalTransactionState.ROLLBACK
+        return self.book.check(message)
 
 
 def start_producer(
@@ -146,7 +194,7 @@ def main(config_path: str, slot_arg: str) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     ledgers = [Ledger(Path(path)) for path in config["ledgers"]]
-    service = OrderService(ledgers, slot)
+    service = OrderService(order_book(config, ledgers, slot), ledgers[slot])
     settings = Settings(redis_url=config["redis_url"], **config["settings"])
     oneway_end = slot in config["oneway_slots"]
     producer = start_producer(config["producer_group"], service, settings, oneway_end, stop)

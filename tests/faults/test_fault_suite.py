@@ -2,6 +2,9 @@
 local transactions commit, roll back, answer UNKNOWN with or without their row, or raise) while the proxy resets,
 blackholes and delays every connection, Redis is SIGKILLed and restarted, and producers, checkers and consumers are
 SIGKILLed and restarted. Then the faults stop and the run settles; the services' ledgers are the ground truth.
+It runs twice: the services keeping their orders in SQLite ledgers, and on PostgreSQL with the transaction log
+answering the check-backs and the consumers applying each message through the inbox (every committed order
+invoiced exactly once, whatever was redelivered).
 
 ``TXMQ_FAULT_SEED`` replays a run's faults and transactions, ``TXMQ_FAULT_TRANSACTIONS`` sets the count,
 ``TXMQ_FAULT_RATE`` the pace (transactions per second); ``scripts/fault-soak`` runs a longer one."""
@@ -15,7 +18,7 @@ import pytest
 import redis
 
 from .harness import System, sizes_from_env
-from .observe import deliveries, ground_truth, leftovers, op_records, topic_entries
+from .observe import deliveries, leftovers, op_records, topic_entries
 from .schedule import KINDS, inject, plan
 
 SIZES = sizes_from_env()
@@ -82,7 +85,7 @@ def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
     settle(system, client)
     settled = time.monotonic()
 
-    truth = ground_truth(system.ledgers)
+    truth = system.committed()
     entries = topic_entries(client)
     received = deliveries(system.deliveries)
     outcomes = sum((ledger.outcomes() for ledger in system.ledgers), collections.Counter[str]())
@@ -91,7 +94,7 @@ def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
     fault_report += [
         f"transactions: {sum(outcomes.values())} sent by {system.sizes.producers} producers; "
         f"send outcomes: {counted(outcomes)}",
-        f"ground truth: {len(truth)} committed orders, {sum(ledger.aborted() for ledger in system.ledgers)} "
+        f"ground truth: {len(truth)} committed orders, {system.aborted()} "
         f"transactions aborted by a check-back; topic streams: {sum(map(len, entries.values()))} entries",
         f"ends applied (op streams): {counted(op_records(client))}",
         f"consumers: {len(received)} deliveries of {len(unique)} entries ({len(received) - len(unique)} redeliveries)",
@@ -120,4 +123,13 @@ def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
     assert not raised, f"{seed}: sends raised something else than PrepareError (see the producers' logs): {raised}"
     left = {name: count for name, count in leftovers(client).items() if count}
     assert not left, f"{seed}: left in flight, unanswered or dead-lettered: {left}"
+    billed = system.billed()
+    if billed is not None:
+        fault_report.append(f"invoices: {sum(billed.values())} for {len(billed)} transactions")
+        twice = {tx: count for tx, count in billed.items() if count > 1}
+        assert not twice, f"{seed}: messages applied more than once despite the inbox: {twice}"
+        assert billed.keys() == truth.keys(), (
+            f"{seed}: invoices without a committed order {sorted(billed.keys() - truth.keys())}, "
+            f"committed orders never invoiced {sorted(truth.keys() - billed.keys())}"
+        )
     client.close()
