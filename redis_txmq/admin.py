@@ -5,11 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
-from redis.cluster import RedisCluster
-
 from . import entries
 from .broker import RedisBroker
+from .connection import server_info, server_nodes
 from .errors import TransactionNotFoundError
 from .keys import (
     CHECKER_INSTANCES,
@@ -102,19 +100,9 @@ def servers(client: Any) -> list[dict[str, Any]]:
 
     ``version`` is the software's own (Valkey's ``valkey_version``), ``redis_version`` the Redis protocol level it
     claims; features are gated on the latter, never on the name."""
-    if isinstance(client, RedisCluster):
-        nodes = [(node.name, node.redis_connection) for node in client.get_primaries()]
-    else:
-        kwargs = client.connection_pool.connection_kwargs
-        address = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-        nodes = [(address, client)]
     rows = []
-    for address, node in nodes:
-        try:
-            info = {**node.info("server"), **node.info("replication")}
-        except redis.ResponseError as exc:  # a user without INFO (an ACL), a server that lacks it: still a report
-            logger.info("status: INFO refused by %s: %s", address, exc)
-            info = {}
+    for address, node in server_nodes(client):
+        info = server_info(node, "server", "replication")
         replicas = [
             f"{value['ip']}:{value['port']}"
             for key, value in sorted(info.items())

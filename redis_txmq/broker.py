@@ -13,9 +13,10 @@ from typing import Any
 
 from . import protocol
 from .config import Settings
-from .connection import REDIS_ERRORS
+from .connection import REDIS_ERRORS, server_info, server_nodes
 from .direct import ScriptRunner
-from .errors import TxMQConnectionError, TxMQError
+from .durability import check_server
+from .errors import DurabilityError, TxMQConnectionError, TxMQError
 from .keys import TOPIC_REGISTRY, TopicKeys
 from .message import LocalTransactionState, Message
 from .protocol import (
@@ -49,7 +50,8 @@ class RedisBroker:
         self._note_requests = register_topic_script(client, "note_requests")
         self._registered: set[str] = set()
         self._registry_lock = threading.Lock()
-        self.runner = ScriptRunner(client)
+        self.durability = self.settings.durability_level()
+        self.runner = ScriptRunner(client, durability=self.durability)
 
     def close(self) -> None:
         """Close the connections of the send path's fast lane (the client itself stays open)."""
@@ -63,6 +65,18 @@ class RedisBroker:
             )
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
+        self.check_durability()
+
+    def check_durability(self) -> None:
+        """Refuse a durability level the server cannot give (``aof`` before Redis 7.2 or without an append-only
+        file), at start rather than on every send; warn when fewer replicas than asked are connected now."""
+        if self.durability is None:
+            return
+        try:
+            for address, node in server_nodes(self.client):
+                check_server(self.durability, address, server_info(node, "server", "replication", "persistence"))
+        except REDIS_ERRORS as exc:
+            raise TxMQConnectionError(f"could not read the server's INFO to check durability: {exc}") from exc
 
     def registered_streams(self) -> frozenset[str]:
         """The topic streams this process registered: re-asserted with the heartbeat, so the registry heals
@@ -87,6 +101,9 @@ class RedisBroker:
         try:
             self.register_topic(keys)
             reply = self.runner.run(self._prepare, keys.script_keys(), args)
+        except DurabilityError as exc:
+            protocol.prepare_result(exc.replies[0], message, transaction_id)  # a refusal says more than a shortfall
+            raise protocol.prepare_not_durable(exc, message, transaction_id) from exc
         except REDIS_ERRORS as exc:
             raise protocol.prepare_call_error(exc, message, transaction_id) from exc
         return protocol.prepare_result(reply, message, transaction_id)
@@ -106,6 +123,9 @@ class RedisBroker:
         end = EndCall(keys, transaction_id, producer_group, outcome, source, remark, half_id)
         try:
             reply = self.runner.run(self._end, keys.script_keys(), protocol.end_args(end, self.settings))
+        except DurabilityError as exc:
+            protocol.end_result(exc.replies[0], keys, transaction_id)  # a refusal says more than a shortfall
+            raise protocol.end_not_durable(exc, keys, transaction_id, outcome) from exc
         except REDIS_ERRORS as exc:
             raise protocol.end_call_error(exc, keys, transaction_id) from exc
         result = protocol.end_result(reply, keys, transaction_id)
@@ -122,6 +142,9 @@ class RedisBroker:
         calls = [(self._end, end.keys.script_keys(), protocol.end_args(end, self.settings)) for end in ends]
         try:
             replies = self.runner.run_many(calls)
+        except DurabilityError as exc:
+            protocol.batch_not_durable(len(ends), exc)
+            replies = exc.replies
         except REDIS_ERRORS as exc:
             raise protocol.batch_error(len(ends), exc) from exc
         results = protocol.end_results(ends, replies)

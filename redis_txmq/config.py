@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .durability import Durability
 from .errors import ConfigurationError
 from .message import DEFAULT_MAX_MESSAGE_SIZE
 
@@ -34,6 +35,10 @@ class Settings:
     One-way end (``TransactionProducer(oneway_end=True)``): a background flusher sends queued end calls in
     pipelines of at most ``end_batch_size``, waiting at most ``end_batch_delay`` seconds to fill one; a send
     waits while ``end_queue_size`` ends are queued (back-pressure instead of unbounded memory).
+
+    Durability (:mod:`redis_txmq.durability`): ``master`` acknowledges a prepare or an end once the master applied
+    it; ``replica`` once ``durability_replicas`` replicas have it; ``aof`` once the master fsynced it to its
+    append-only file; each waits at most ``durability_timeout`` seconds.
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -52,6 +57,9 @@ class Settings:
     end_batch_size: int = 256
     end_batch_delay: float = 0.002
     end_queue_size: int = 10_000
+    durability: str = "master"
+    durability_replicas: int = 1
+    durability_timeout: float = 1.0
 
     def __post_init__(self) -> None:
         positive = ("check_interval", "max_age", "heartbeat_interval", "claim_idle")
@@ -74,6 +82,11 @@ class Settings:
             )
         if self.op_stream_maxlen < 1:
             raise ConfigurationError(f"op_stream_maxlen must be >= 1, got {self.op_stream_maxlen}")
+        self.durability_level()
+
+    def durability_level(self) -> Durability | None:
+        """The durability level as the command that confirms it (None for ``master``)."""
+        return Durability.of(self.durability, self.durability_replicas, self.durability_timeout)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

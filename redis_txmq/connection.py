@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -14,6 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
+from . import sentinel
 from .config import Settings
 from .errors import ConfigurationError
 
@@ -21,6 +23,8 @@ try:
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover - redis[hiredis] is a dependency, but the plain install works too
     _hiredis_pack = None
+
+logger = logging.getLogger(__name__)
 
 ASYNC_MAX_CONNECTIONS = 64
 """Connections of an asyncio client made from a URL; a call waits for one when all are busy."""
@@ -39,8 +43,15 @@ def hiredis_packer(connection_kwargs: dict[str, Any]) -> Callable[[tuple[Any, ..
 
 
 def connect(redis_url: str, *, cluster: bool = False, asyncio: bool = False, **kwargs: Any) -> Any:
-    """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://`` or ``unix://`` URLs, from
-    ``redis`` or (``asyncio=True``) ``redis.asyncio``; ``kwargs`` (a password, timeouts...) override the URL."""
+    """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://``, ``unix://`` or
+    ``redis+sentinel://`` URLs (:mod:`redis_txmq.sentinel`), from ``redis`` or (``asyncio=True``)
+    ``redis.asyncio``; ``kwargs`` (a password, timeouts...) override the URL."""
+    if sentinel.is_sentinel_url(redis_url):
+        if cluster:
+            raise ConfigurationError(f"{redact_url(redis_url)!r}: a Sentinel URL names one master, not a cluster")
+        kwargs.setdefault("sentinel_password", os.environ.get("TXMQ_SENTINEL_PASSWORD") or None)
+        return sentinel.connect(redis_url, asyncio=asyncio, **kwargs)
+    kwargs.pop("sentinel_password", None)
     try:
         if asyncio:
             from redis.asyncio import BlockingConnectionPool
@@ -76,6 +87,8 @@ def ensure_binary_client(client: Any) -> Any:
 
 def redact_url(url: str) -> str:
     """The URL without its password, for logs and errors."""
+    if sentinel.is_sentinel_url(url):
+        return sentinel.redact(url)
     try:
         parts = urlsplit(url)
         password, port = parts.password, parts.port
@@ -89,6 +102,32 @@ def redact_url(url: str) -> str:
         host = f"{host}:{port}"
     netloc = f"{user}:***@{host}" if user else f":***@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def server_nodes(client: Any) -> list[tuple[str, Any]]:
+    """``(address, client)`` of each server a sync client writes to: itself, or each master of a cluster. Behind
+    Sentinel the address is the master's as Sentinel reports it now."""
+    if isinstance(client, RedisCluster):
+        return [(node.name, node.redis_connection) for node in client.get_primaries()]
+    pool = client.connection_pool
+    service = getattr(pool, "service_name", None)
+    if service is not None:
+        host, port = pool.get_master_address()
+        return [(f"{host}:{port} (master of {service!r})", client)]
+    kwargs = pool.connection_kwargs
+    return [(kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}", client)]
+
+
+def server_info(node: Any, *sections: str) -> dict[str, Any]:
+    """The INFO sections of one server as one dict; empty when the server refuses INFO (an ACL user without it)."""
+    info: dict[str, Any] = {}
+    try:
+        for section in sections:
+            info.update(node.info(section))
+    except redis.ResponseError as exc:
+        logger.info("INFO refused by the server: %s", exc)
+        return {}
+    return info
 
 
 def is_async_cluster(client: Any) -> bool:

@@ -11,6 +11,12 @@ A single-connection client or an unusual pool goes through redis-py's ``Script``
 the same results, without the shortcut. On a Redis Cluster a call runs in the lane of the master that owns its
 slot (a batch is split by master); a redirection or an unreachable master sends it through redis-py's cluster
 client, which follows MOVED / ASK and refreshes its view of the cluster.
+
+With a durability level (:mod:`redis_txmq.durability`) the confirming ``WAIT`` / ``WAITAOF`` goes in the same write
+as the scripts, on the same connection (on a cluster: the lane of the master that ran them), and its reply is read
+with theirs. A call whose confirmation falls short raises :class:`~redis_txmq.errors.DurabilityError` carrying the
+replies. A call that had to be sent again (a connection error, a redirection) cannot be confirmed: the repeat of an
+idempotent script writes nothing, so a ``WAIT`` after it proves nothing about the first; it raises that error too.
 """
 
 from __future__ import annotations
@@ -31,15 +37,20 @@ from redis.exceptions import (
     RedisClusterException,
     TryAgainError,
 )
+from redis.sentinel import SentinelConnectionPool
 
 from .connection import hiredis_packer
+from .durability import Durability
+from .errors import DurabilityError
 
 logger = logging.getLogger(__name__)
 
 ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
 """``(script, keys, args)``: a redis-py ``Script`` (registered on the runner's client), its KEYS and ARGV."""
 
-_DIRECT_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+_DIRECT_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool, SentinelConnectionPool)
+"""Pools whose connections the lane makes its own of: behind Sentinel each asks the Sentinels for the master when
+it connects, and a demoted master's READONLY closes it (redis-py), so the lane's retry finds the new master."""
 _REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 _FALL_BACK = (*_REDIRECTED, RedisClusterException, redis.ConnectionError, redis.TimeoutError)
 """On a cluster, errors after which a call goes through redis-py's cluster client instead of a master's lane."""
@@ -50,9 +61,10 @@ class ScriptRunner:
 
     Thread-safe. :meth:`close` releases the connections it made."""
 
-    def __init__(self, client: Any, *, direct: bool = True) -> None:
+    def __init__(self, client: Any, *, direct: bool = True, durability: Durability | None = None) -> None:
         """``direct=False`` always takes redis-py's path (``txmq bench`` measures what the shortcut is worth)."""
         self.client = client
+        self.durability = durability
         pool = getattr(client, "connection_pool", None)
         self._direct = (
             direct
@@ -61,6 +73,9 @@ class ScriptRunner:
             and issubclass(pool.connection_class, redis.Connection | redis.UnixDomainSocketConnection)
         )
         self._pool = pool
+        # redis-py connects lazily in send_packed_command, past the override by which a Sentinel-managed connection
+        # asks the Sentinels for the master: without this it would dial the default localhost:6379
+        self._connect_first = self._direct and isinstance(pool, SentinelConnectionPool)
         self._pack = hiredis_packer(pool.connection_kwargs) if self._direct else None
         self._idle: list[Any] = []
         self._pid = os.getpid()
@@ -80,21 +95,26 @@ class ScriptRunner:
         if not self._direct:
             if self._cluster:
                 return self._run_on_node(script, keys, args)
-            return script(keys=keys, args=args)
+            if self.durability is None:
+                return script(keys=keys, args=args)
+            return self._run_pipeline([(script, keys, args)], raise_on_error=True)[0]
         conn = self._acquire()
         healthy = False
+        sends = [0]
         try:
             try:
-                reply = _with_retry(conn, lambda: self._exchange_one(conn, script, keys, args))
+                reply, waited = _with_retry(conn, lambda: self._exchange_one(conn, script, keys, args, sends))
             except NoScriptError:
                 _with_retry(conn, lambda: self._load(conn, [script]))
-                reply = _with_retry(conn, lambda: self._exchange_one(conn, script, keys, args))
+                reply, waited = _with_retry(conn, lambda: self._exchange_one(conn, script, keys, args, sends))
+                sends[0] -= 1  # NOSCRIPT ran nothing: the call that ran was sent once
             healthy = True
         except redis.ResponseError:
             healthy = True
             raise
         finally:
             self._release(conn, healthy)
+        self._confirm([reply], None if sends[0] > 1 else waited)
         return reply
 
     def run_many(self, calls: Sequence[ScriptCall], *, raise_on_error: bool = False) -> list[Any]:
@@ -108,18 +128,21 @@ class ScriptRunner:
             return self._run_pipeline(calls, raise_on_error)
         conn = self._acquire()
         healthy = False
+        sends = [0]
         try:
-            replies = _with_retry(conn, lambda: self._exchange(conn, calls))
+            replies, waited = _with_retry(conn, lambda: self._exchange(conn, calls, sends))
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
             if missing:
                 scripts = {id(calls[i][0]): calls[i][0] for i in missing}.values()
                 _with_retry(conn, lambda: self._load(conn, scripts))
-                again = _with_retry(conn, lambda: self._exchange(conn, [calls[i] for i in missing]))
+                again, waited = _with_retry(conn, lambda: self._exchange(conn, [calls[i] for i in missing], sends))
+                sends[0] -= 1  # the second exchange sent only what NOSCRIPT had refused
                 for i, reply in zip(missing, again, strict=True):
                     replies[i] = reply
             healthy = True
         finally:
             self._release(conn, healthy)
+        self._confirm(replies, None if sends[0] > 1 else waited)
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, redis.ResponseError):
@@ -137,16 +160,51 @@ class ScriptRunner:
         for runner in node_runners:
             runner.close()
 
-    def _exchange_one(self, conn: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        conn.send_packed_command([self._pack(command)] if self._pack is not None else conn.pack_command(*command))
-        return conn.read_response()
+    def _confirm(self, replies: list[Any], waited: Any) -> None:
+        """Raise :class:`DurabilityError` (with the replies) when the level asks for a confirmation and ``waited``,
+        the reply of its command (None: none could be had), falls short."""
+        durability = self.durability
+        if durability is None or durability.confirmed(waited):
+            return
+        raise DurabilityError(
+            f"not confirmed as durable ({durability.level}): {durability.shortfall(waited)}", replies=replies
+        )
 
-    def _exchange(self, conn: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+    def _exchange_one(
+        self, conn: Any, script: Any, keys: Sequence[Any], args: Sequence[Any], sends: list[int]
+    ) -> tuple[Any, Any]:
+        """The script's reply and, with a durability level, its confirmation's (else None)."""
+        sends[0] += 1
+        if self._connect_first:
+            conn.connect()
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        if self.durability is None:
+            conn.send_packed_command([self._pack(command)] if self._pack is not None else conn.pack_command(*command))
+            return conn.read_response(), None
+        wait = self.durability.command
+        if self._pack is not None:
+            conn.send_packed_command([self._pack(command) + self._pack(wait)])
+        else:
+            conn.send_packed_command([*conn.pack_command(*command), *conn.pack_command(*wait)])
+        try:
+            reply = conn.read_response()
+        except redis.ResponseError as exc:
+            reply = exc  # the confirmation's reply is still on the socket: read it before raising
+        waited = _read_confirmation(conn)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply, waited
+
+    def _exchange(self, conn: Any, calls: Sequence[ScriptCall], sends: list[int]) -> tuple[list[Any], Any]:
+        sends[0] += 1
+        if self._connect_first:
+            conn.connect()
         pack = self._pack
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]
+        if self.durability is not None:
+            commands.append(self.durability.command)
         packed: list[bytes] = []
-        for script, keys, args in calls:
-            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        for command in commands:
             if pack is not None:
                 packed.append(pack(command))
             else:
@@ -158,10 +216,11 @@ class ScriptRunner:
                 replies.append(conn.read_response())
             except redis.ResponseError as exc:
                 replies.append(exc)
-        return replies
+        return replies, (None if self.durability is None else _read_confirmation(conn))
 
-    @staticmethod
-    def _load(conn: Any, scripts: Any) -> None:
+    def _load(self, conn: Any, scripts: Any) -> None:
+        if self._connect_first:
+            conn.connect()
         for script in scripts:
             conn.send_command("SCRIPT", "LOAD", script.script)
             sha = conn.read_response()
@@ -194,7 +253,8 @@ class ScriptRunner:
         runner = self._node_runners.get(node.name)
         if runner is None:
             with self._lock:
-                runner = self._node_runners.setdefault(node.name, ScriptRunner(node.redis_connection))
+                made = ScriptRunner(node.redis_connection, durability=self.durability)
+                runner = self._node_runners.setdefault(node.name, made)
         return runner
 
     def _run_on_node(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -203,55 +263,75 @@ class ScriptRunner:
         try:
             return self._node_runner(self.client.get_node_from_key(keys[0])).run(script, keys, args)
         except _FALL_BACK:
-            return script(keys=keys, args=args)
+            reply = script(keys=keys, args=args)
+        self._confirm([reply], None)
+        return reply
 
     def _run_pipeline(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
         """Without the direct lane: a redis-py pipeline, or on a cluster one pipeline per master (redis-py's
         cluster pipeline refuses EVALSHA). Every call's keys share one slot, so its first key names the node."""
-        if not isinstance(self.client, RedisCluster):
-            replies = self._pipeline(self.client, calls)
+        if isinstance(self.client, RedisCluster):
+            replies, confirmed = self._run_on_masters(calls)
         else:
-            replies = [None] * len(calls)
-            by_node: dict[str, list[int]] = {}
-            nodes: dict[str, Any] = {}
-            unrouted: list[int] = []
-            for i, (_script, keys, _args) in enumerate(calls):
-                try:
-                    node = self.client.get_node_from_key(keys[0])
-                except RedisClusterException:  # the slot is not in the client's map (failover under way)
-                    unrouted.append(i)
-                    continue
-                nodes[node.name] = node
-                by_node.setdefault(node.name, []).append(i)
-            for name, indexes in by_node.items():
-                try:
-                    part = self._node_runner(nodes[name]).run_many([calls[i] for i in indexes])
-                except (redis.ConnectionError, redis.TimeoutError):
-                    unrouted.extend(indexes)  # that master is unreachable: the cluster client finds the new one
-                    continue
-                for i, reply in zip(indexes, part, strict=True):
-                    replies[i] = reply
-            unrouted.extend(i for i, reply in enumerate(replies) if isinstance(reply, _REDIRECTED))
-            for i in sorted(set(unrouted)):
-                # one call through the cluster client, which follows redirections and refreshes its map;
-                # every script is idempotent, so a call that did reach its master is not applied twice
-                script, keys, args = calls[i]
-                try:
-                    replies[i] = script(keys=keys, args=args)
-                except redis.ResponseError as exc:
-                    replies[i] = exc
+            replies, confirmation = self._pipeline(self.client, calls, self.durability)
+            confirmed = self.durability is None or self.durability.confirmed(confirmation)
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
+        if not confirmed:
+            self._confirm(replies, None if isinstance(self.client, RedisCluster) else confirmation)
         return replies
 
+    def _run_on_masters(self, calls: Sequence[ScriptCall]) -> tuple[list[Any], bool]:
+        """The replies of a batch on a cluster, each master's part in its own lane, and whether every part was
+        confirmed as durable there (always True without a durability level)."""
+        replies: list[Any] = [None] * len(calls)
+        by_node: dict[str, list[int]] = {}
+        nodes: dict[str, Any] = {}
+        unrouted: list[int] = []
+        for i, (_script, keys, _args) in enumerate(calls):
+            try:
+                node = self.client.get_node_from_key(keys[0])
+            except RedisClusterException:  # the slot is not in the client's map (failover under way)
+                unrouted.append(i)
+                continue
+            nodes[node.name] = node
+            by_node.setdefault(node.name, []).append(i)
+        confirmed = True
+        for name, indexes in by_node.items():
+            try:
+                part = self._node_runner(nodes[name]).run_many([calls[i] for i in indexes])
+            except (redis.ConnectionError, redis.TimeoutError):
+                unrouted.extend(indexes)  # that master is unreachable: the cluster client finds the new one
+                continue
+            except DurabilityError as exc:
+                part, confirmed = exc.replies, False
+            for i, reply in zip(indexes, part, strict=True):
+                replies[i] = reply
+        unrouted.extend(i for i, reply in enumerate(replies) if isinstance(reply, _REDIRECTED))
+        for i in sorted(set(unrouted)):
+            # one call through the cluster client, which follows redirections and refreshes its map;
+            # every script is idempotent, so a call that did reach its master is not applied twice
+            script, keys, args = calls[i]
+            confirmed = self.durability is None
+            try:
+                replies[i] = script(keys=keys, args=args)
+            except redis.ResponseError as exc:
+                replies[i] = exc
+        return replies, confirmed
+
     @staticmethod
-    def _pipeline(client: Any, calls: Sequence[ScriptCall]) -> list[Any]:
+    def _pipeline(client: Any, calls: Sequence[ScriptCall], durability: Durability | None) -> tuple[list[Any], Any]:
+        """The replies, and the confirmation's reply (None without a durability level or when it cannot count:
+        the calls NOSCRIPT refused went out on another pipeline, which may be another connection)."""
         pipe = client.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
+        if durability is not None:
+            pipe.execute_command(*durability.command)
         replies = pipe.execute(raise_on_error=False)
+        confirmation = replies.pop() if durability is not None else None
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
             pipe = client.pipeline(transaction=False)
@@ -260,9 +340,21 @@ class ScriptRunner:
             for i in missing:
                 script, keys, args = calls[i]
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
-            for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+            if durability is not None:
+                pipe.execute_command(*durability.command)
+            again = pipe.execute(raise_on_error=False)
+            confirmation = again.pop() if durability is not None else None
+            for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
-        return replies
+        return replies, confirmation
+
+
+def _read_confirmation(conn: Any) -> Any:
+    """The reply of the durability command (its error, if the server refused it)."""
+    try:
+        return conn.read_response()
+    except redis.ResponseError as exc:
+        return exc
 
 
 def _with_retry(conn: Any, exchange: Callable[[], Any]) -> Any:

@@ -51,6 +51,16 @@ class PrepareError(TxMQConnectionError):
     """The half message could not be written; the local transaction was not run."""
 
 
+class DurabilityError(TxMQConnectionError):
+    """The master applied a write, but it was not confirmed as durable as the durability level asks, in time
+    (fewer replicas than asked had it, or the append-only file was not fsynced). ``replies`` holds what the
+    scripts answered: the writes happened on the master, they may be lost by a failover."""
+
+    def __init__(self, message: str, *, replies: list[object] | None = None) -> None:
+        super().__init__(message)
+        self.replies = replies or []
+
+
 class TransactionError(TxMQError):
     """An end call was refused by the end script: the transaction state did not allow it."""
 

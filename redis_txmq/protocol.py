@@ -7,6 +7,7 @@ only do the I/O; arguments, reply parsing, error mapping and the results live he
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,7 @@ from . import entries
 from .config import Settings
 from .errors import (
     CorruptEntryError,
+    DurabilityError,
     PrepareError,
     ProducerGroupMismatchError,
     TransactionConflictError,
@@ -27,6 +29,8 @@ from .errors import (
 )
 from .keys import PRODUCERS_CONSUMER_GROUP, GroupKeys, TopicKeys
 from .message import LocalTransactionState, Message
+
+logger = logging.getLogger(__name__)
 
 
 class EndSource(str, enum.Enum):
@@ -121,6 +125,30 @@ def prepare_call_error(exc: Exception, message: Message, transaction_id: str) ->
     return PrepareError(
         f"topic {message.topic!r}, transaction {transaction_id}: could not write the half message "
         f"({exc}); the local transaction was not run, retry the send"
+    )
+
+
+def prepare_not_durable(exc: DurabilityError, message: Message, transaction_id: str) -> PrepareError:
+    return PrepareError(
+        f"topic {message.topic!r}, transaction {transaction_id}: the half message is on the master but {exc}; the "
+        "local transaction was not run (the check-back rolls the half message back), retry the send"
+    )
+
+
+def end_not_durable(exc: DurabilityError, keys: TopicKeys, transaction_id: str, outcome: Any) -> DurabilityError:
+    return DurabilityError(
+        f"topic {keys.topic!r}, transaction {transaction_id}: the {LocalTransactionState(outcome).value} is applied on "
+        f"the master but {exc}; if a failover loses it, the check-back settles the transaction again",
+        replies=exc.replies,
+    )
+
+
+def batch_not_durable(count: int, exc: DurabilityError) -> None:
+    logger.warning(
+        "%d end calls applied on the master but %s; a failover that loses them leaves those transactions to the "
+        "check-back",
+        count,
+        exc,
     )
 
 

@@ -75,8 +75,26 @@ def client(request: pytest.FixtureRequest) -> redis.Redis:
     return request.getfixturevalue("real_client")
 
 
+REPORT = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> list[str]:
+    """Lines a test leaves for the end of the session (measured figures: what a failover lost...), pass or fail."""
+    return request.config.stash.setdefault(REPORT, [])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    lines = config.stash.get(REPORT, [])
+    if lines:
+        terminalreporter.section("measured")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 from .async_api import api, make_producer  # noqa: E402,F401 - one test, the sync and the asyncio producer
 from .cluster_fixture import cluster_url  # noqa: E402,F401 - the session-wide 3-master cluster
 from .databases import database  # noqa: E402,F401 - SQLite and PostgreSQL, a sync and an asyncio engine
 from .postgres_fixture import async_postgres_url, postgres_engine, postgres_url  # noqa: E402,F401 - own PostgreSQL
+from .sentinel_fixture import sentinel_group  # noqa: E402,F401 - a master, a replica and three Sentinels
 from .spark_session import spark  # noqa: E402,F401 - the session-wide SparkSession fixture

@@ -10,10 +10,13 @@ import asyncio
 import logging
 from typing import Any
 
+import redis
+
 from .. import protocol
 from ..config import Settings
 from ..connection import REDIS_ERRORS, is_async_cluster
-from ..errors import TxMQConnectionError, TxMQError
+from ..durability import check_server
+from ..errors import ConfigurationError, DurabilityError, TxMQConnectionError, TxMQError
 from ..keys import TOPIC_REGISTRY, TopicKeys
 from ..message import LocalTransactionState, Message
 from ..protocol import EndCall, EndResult, EndSource, PrepareResult
@@ -33,8 +36,15 @@ class AsyncRedisBroker:
         self._prepare = register_topic_script(client, "prepare_half")
         self._end = register_topic_script(client, "end_transaction")
         self._cluster = is_async_cluster(client)
+        self.durability = self.settings.durability_level()
+        if self._cluster and self.durability is not None:
+            raise ConfigurationError(
+                f"durability {self.durability.level!r} is not available on an asyncio Redis Cluster client yet (its "
+                "confirmation must go to the master that ran each script): use the sync producer on a cluster, or "
+                "durability 'master'"
+            )
         self._registered: set[str] = set()
-        self._lane = None if self._cluster else ScriptLane(client)
+        self._lane = None if self._cluster else ScriptLane(client, durability=self.durability)
 
     async def _run(self, script: Any, keys: TopicKeys, args: list[Any]) -> Any:
         """One script call: through the lane that pipelines concurrent calls, or directly on a cluster."""
@@ -48,6 +58,16 @@ class AsyncRedisBroker:
             await preload(self._prepare, self._end)
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
+        if self.durability is not None:
+            try:
+                info: dict[str, Any] = {}
+                for section in ("server", "replication", "persistence"):
+                    info.update(await self.client.info(section))
+            except redis.ResponseError:
+                info = {}  # a user without INFO: check_server says the level could not be checked
+            except REDIS_ERRORS as exc:
+                raise TxMQConnectionError(f"could not read the server's INFO to check durability: {exc}") from exc
+            check_server(self.durability, "the server", info)
 
     def registered_streams(self) -> frozenset[str]:
         return frozenset(self._registered)
@@ -68,6 +88,9 @@ class AsyncRedisBroker:
         try:
             await self.register_topic(keys)
             reply = await self._run(self._prepare, keys, args)
+        except DurabilityError as exc:
+            protocol.prepare_result(exc.replies[0], message, transaction_id)  # a refusal says more than a shortfall
+            raise protocol.prepare_not_durable(exc, message, transaction_id) from exc
         except REDIS_ERRORS as exc:
             raise protocol.prepare_call_error(exc, message, transaction_id) from exc
         return protocol.prepare_result(reply, message, transaction_id)
@@ -87,6 +110,9 @@ class AsyncRedisBroker:
         end = EndCall(keys, transaction_id, producer_group, outcome, source, remark, half_id)
         try:
             reply = await self._run(self._end, keys, protocol.end_args(end, self.settings))
+        except DurabilityError as exc:
+            protocol.end_result(exc.replies[0], keys, transaction_id)  # a refusal says more than a shortfall
+            raise protocol.end_not_durable(exc, keys, transaction_id, outcome) from exc
         except REDIS_ERRORS as exc:
             raise protocol.end_call_error(exc, keys, transaction_id) from exc
         result = protocol.end_result(reply, keys, transaction_id)
@@ -109,7 +135,14 @@ class AsyncRedisBroker:
                     for end in ends:
                         args = protocol.end_args(end, self.settings)
                         await self._end(keys=end.keys.script_keys(), args=args, client=pipe)
+                    if self.durability is not None:
+                        pipe.execute_command(*self.durability.command)
                     replies = await pipe.execute(raise_on_error=False)
+                if self.durability is not None:
+                    confirmation = replies.pop()
+                    if not self.durability.confirmed(confirmation):
+                        shortfall = f"not confirmed ({self.durability.shortfall(confirmation)})"
+                        protocol.batch_not_durable(len(ends), DurabilityError(shortfall))
         except REDIS_ERRORS as exc:
             raise protocol.batch_error(len(ends), exc) from exc
         results = protocol.end_results(ends, replies)

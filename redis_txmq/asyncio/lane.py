@@ -12,6 +12,10 @@ reply: redis-py's pipeline would first send SCRIPT EXISTS (one more round trip p
 took a third of an asyncio send's time. NOSCRIPT is answered by loading the script and sending those calls again,
 and a connection error by one more attempt on a new socket (every script is idempotent, so nothing applies twice).
 Another client (a custom pool or connection class) goes through redis-py's pipeline.
+
+With a durability level the confirming ``WAIT`` / ``WAITAOF`` ends each batch, on the same connection: one wait
+confirms every call of the batch (:mod:`redis_txmq.durability`). When it falls short, or the batch had to be sent
+again, each caller whose script ran gets :class:`~redis_txmq.errors.DurabilityError` with its reply.
 """
 
 from __future__ import annotations
@@ -22,21 +26,29 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
 from redis.exceptions import NoScriptError
 
 from ..connection import hiredis_packer
+from ..durability import Durability
+from ..errors import DurabilityError
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
-_DIRECT_POOLS = (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
+_DIRECT_POOLS = (
+    redis.asyncio.ConnectionPool,
+    redis.asyncio.BlockingConnectionPool,
+    redis.asyncio.sentinel.SentinelConnectionPool,
+)
 _DIRECT_CONNECTIONS = (redis.asyncio.Connection, redis.asyncio.UnixDomainSocketConnection)
 
 
 class ScriptLane:
     """Sends queued ``(script, keys, args)`` calls of one client in pipelines, one pipeline at a time."""
 
-    def __init__(self, client: Any, max_batch: int = 256) -> None:
+    def __init__(self, client: Any, max_batch: int = 256, durability: Durability | None = None) -> None:
         self.client = client
         self.max_batch = max_batch
+        self.durability = durability
         self._queue: list[_Call] = []
         self._sender: asyncio.Task[None] | None = None
         pool = getattr(client, "connection_pool", None)
@@ -44,6 +56,9 @@ class ScriptLane:
             pool if type(pool) in _DIRECT_POOLS and issubclass(pool.connection_class, _DIRECT_CONNECTIONS) else None
         )
         self._pack = hiredis_packer(pool.connection_kwargs) if self._pool is not None else None
+        # redis-py reconnects lazily in send_packed_command, past the override by which a Sentinel-managed
+        # connection asks the Sentinels for the master: after a disconnect, connect() first
+        self._connect_first = isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool)
 
     async def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """The script's reply; raises what the call raised (a connection error fails every call of its pipeline)."""
@@ -65,12 +80,15 @@ class ScriptLane:
             # `async with`: redis-py gives the connection back to the pool even when the SCRIPT EXISTS it sends
             # before the pipeline fails (without it, each connection error there leaked one pooled connection)
             if self._pool is not None:
-                replies = await self._exchange_checked_out(batch)
+                replies, confirmation = await self._exchange_checked_out(batch)
             else:
                 async with self.client.pipeline(transaction=False) as pipe:
                     for script, keys, args, _ in batch:
                         await script(keys=keys, args=args, client=pipe)
+                    if self.durability is not None:
+                        pipe.execute_command(*self.durability.command)
                     replies = await pipe.execute(raise_on_error=False)
+                confirmation = replies.pop() if self.durability is not None else None
         except Exception as exc:  # noqa: BLE001 - a connection error or a fault here: each caller learns it
             for *_, future in batch:
                 if not future.done():
@@ -81,51 +99,67 @@ class ScriptLane:
                 if not future.done():
                     future.set_exception(asyncio.CancelledError())
             raise
+        durability = self.durability
+        shortfall = None
+        if durability is not None and not durability.confirmed(confirmation):
+            shortfall = f"not confirmed as durable ({durability.level}): {durability.shortfall(confirmation)}"
         for (*_, future), reply in zip(batch, replies, strict=True):
             if future.done():
                 continue
             if isinstance(reply, Exception):
                 future.set_exception(reply)
+            elif shortfall is not None:
+                future.set_exception(DurabilityError(shortfall, replies=[reply]))
             else:
                 future.set_result(reply)
 
-    async def _exchange_checked_out(self, batch: list[_Call]) -> list[Any]:
+    async def _exchange_checked_out(self, batch: list[_Call]) -> tuple[list[Any], Any]:
+        """The replies and the confirmation's reply (None when it cannot count: the batch was sent twice)."""
         pool = self._pool
         conn = await pool.get_connection()
         try:
             try:
-                replies = await self._exchange(conn, batch)
+                replies, confirmation = await self._exchange(conn, batch)
             except redis.ConnectionError:
                 await conn.disconnect()  # a socket the server closed while idle shows only when used: once more
-                replies = await self._exchange(conn, batch)
+                replies, _ = await self._exchange(conn, batch)
+                confirmation = None  # a repeated idempotent script writes nothing for a WAIT to count
             missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
             if missing:
                 for script in {id(batch[i][0]): batch[i][0] for i in missing}.values():
                     await conn.send_command("SCRIPT", "LOAD", script.script)
                     sha = await conn.read_response()
                     script.sha = sha.decode() if isinstance(sha, bytes) else sha
-                again = await self._exchange(conn, [batch[i] for i in missing])
+                again, confirmed_again = await self._exchange(conn, [batch[i] for i in missing])
+                if confirmation is not None:
+                    confirmation = confirmed_again
                 for i, reply in zip(missing, again, strict=True):
                     replies[i] = reply
-            return replies
+            return replies, confirmation
         finally:
             await pool.release(conn)  # a connection interrupted mid-exchange was disconnected by redis-py
 
-    async def _exchange(self, conn: Any, batch: list[_Call]) -> list[Any]:
-        """Write every call at once, then read each reply; a refused call's error takes its reply's place."""
+    async def _exchange(self, conn: Any, batch: list[_Call]) -> tuple[list[Any], Any]:
+        """Write every call at once (and the durability command), then read each reply; a refused call's error
+        takes its reply's place."""
+        if self._connect_first:
+            await conn.connect()
         pack = self._pack
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args, _ in batch]
+        if self.durability is not None:
+            commands.append(self.durability.command)
         packed: list[bytes] = []
-        for script, keys, args, _ in batch:
-            command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        for command in commands:
             if pack is not None:
                 packed.append(pack(command))
             else:
                 packed.extend(conn.pack_command(*command))
         await conn.send_packed_command(packed)
         replies: list[Any] = []
-        for _ in batch:
+        for _ in commands:
             try:
                 replies.append(await conn.read_response())
             except redis.ResponseError as exc:
                 replies.append(exc)
-        return replies
+        confirmation = replies.pop() if self.durability is not None else None
+        return replies, confirmation

