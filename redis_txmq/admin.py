@@ -8,9 +8,11 @@ from typing import Any
 from . import entries
 from .broker import RedisBroker
 from .connection import server_info, server_nodes
+from .durability import Durability
 from .errors import TransactionNotFoundError
 from .keys import (
     CHECKER_INSTANCES,
+    CHECKER_LEVELS,
     GROUP_REGISTRY,
     TOPIC_REGISTRY,
     GroupKeys,
@@ -85,14 +87,36 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
         gkeys = GroupKeys(group)
         live = client.zcount(gkeys.producers, live_from, "+inf")
         pending = client.xlen(gkeys.check_requests)  # answered requests are deleted: the length is the backlog
-        groups.append({"producer_group": group, "live_instances": live, "pending_check_requests": pending})
+        groups.append(
+            {
+                "producer_group": group,
+                "live_instances": live,
+                "pending_check_requests": pending,
+                "durability": _levels(client, gkeys.producers, gkeys.durability_levels, live_from),
+            }
+        )
     checkers = client.zcount(CHECKER_INSTANCES, live_from, "+inf")
+    checker_levels = _levels(client, CHECKER_INSTANCES, CHECKER_LEVELS, live_from)
     return {
         "servers": servers(client),
         "topics": topics,
         "producer_groups": groups,
-        "checkers": {"live_instances": checkers},
+        "checkers": {"live_instances": checkers, "durability": checker_levels},
     }
+
+
+def _levels(client: Any, instances_key: str, levels_key: str, live_from: int) -> dict[str, int]:
+    """Durability level -> how many live instances write with it (instances from before levels were recorded
+    count as ``master``, which is what they did)."""
+    live = [entries.text(member) or "" for member in client.zrangebyscore(instances_key, live_from, "+inf")]
+    if not live:
+        return {}
+    levels = client.hmget(levels_key, live)
+    counts: dict[str, int] = {}
+    for level in levels:
+        name = entries.text(level) or "master"
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def servers(client: Any) -> list[dict[str, Any]]:
@@ -102,7 +126,7 @@ def servers(client: Any) -> list[dict[str, Any]]:
     claims; features are gated on the latter, never on the name."""
     rows = []
     for address, node in server_nodes(client):
-        info = server_info(node, "server", "replication")
+        info = server_info(node, "server", "replication", "persistence")
         replicas = [
             f"{value['ip']}:{value['port']}"
             for key, value in sorted(info.items())
@@ -116,9 +140,23 @@ def servers(client: Any) -> list[dict[str, Any]]:
                 "redis_version": str(info.get("redis_version") or "unknown"),
                 "role": str(info.get("role") or "unknown"),
                 "replicas": replicas,
+                "durability_levels": available_levels(info),
             }
         )
     return rows
+
+
+def available_levels(info: dict[str, Any]) -> list[str]:
+    """The durability levels a server can give now: ``replica`` with a replica connected, ``aof`` with WAITAOF
+    and an append-only file (unknown without INFO: none listed)."""
+    if not info:
+        return []
+    levels = ["master"]
+    if int(info.get("connected_slaves", 0)) > 0:
+        levels.append("replica")
+    if Durability("aof", 0, 1.0).server_problem(info) is None:
+        levels.append("aof")
+    return levels
 
 
 def dead_letters(client: Any, topic: str | None = None, count: int = 1000) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from rich.table import Table
 from . import __version__
 from .config import Settings
 from .connection import REDIS_ERRORS, connect, instance_id, redact_url
+from .durability import describe as describe_durability
 from .errors import ConfigurationError, TxMQConnectionError, TxMQError
 from .groups import Backoff
 
@@ -342,6 +343,13 @@ def demo(redis_url: str | None, spark: bool) -> None:
     help="Transactions claimed per script call.",
 )
 @click.option(
+    "--durability",
+    type=click.Choice(["master", "replica", "aof"]),
+    envvar="TXMQ_DURABILITY",
+    show_envvar=True,
+    help="What an end must reach before it counts as done: the master (default), replicas (WAIT), the AOF (WAITAOF).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
     envvar="TXMQ_METRICS_PORT",
@@ -357,6 +365,7 @@ def checker(
     max_age: float | None,
     claim_idle: float | None,
     batch_size: int,
+    durability: str | None,
     metrics_port: int | None,
 ) -> None:
     """Run the check-back worker until SIGTERM or SIGINT; run several for availability."""
@@ -370,6 +379,7 @@ def checker(
         check_max=check_max,
         max_age=max_age,
         claim_idle=claim_idle,
+        durability=durability,
     )
     metrics = CheckerMetrics()
     if metrics_port is not None:
@@ -387,7 +397,8 @@ def checker(
     console.print(
         f"checker {instance} on {_shown(settings.redis_url)}: "
         f"transaction_timeout={settings.transaction_timeout}s check_interval={settings.check_interval}s "
-        f"check_max={settings.check_max} max_age={settings.max_age}s",
+        f"check_max={settings.check_max} max_age={settings.max_age}s "
+        f"durability={describe_durability(settings.durability_level())}",
         highlight=False,
     )
     client = _client_once_reachable(settings, stop)
@@ -425,11 +436,12 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     servers = Table(title="servers")
-    for column in ("address", "server", "version", "role", "replicas"):
+    for column in ("address", "server", "version", "role", "replicas", "durability levels"):
         servers.add_column(column)
     for server in report["servers"]:
         replicas = ", ".join(server["replicas"]) or "none"
-        servers.add_row(server["address"], server["server"], server["version"], server["role"], replicas)
+        levels = ", ".join(server["durability_levels"]) or "unknown"
+        servers.add_row(server["address"], server["server"], server["version"], server["role"], replicas, levels)
     topics = Table(title="topics")
     for column in ("topic", "committed", "in flight", "oldest in flight (s)", "dead letters"):
         topics.add_column(column)
@@ -443,12 +455,20 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
             str(t["dead_letters"]),
         )
     groups = Table(title="producer groups")
-    for column in ("producer group", "live instances", "pending check requests"):
+    for column in ("producer group", "live instances", "pending check requests", "durability"):
         groups.add_column(column)
     for g in report["producer_groups"]:
-        groups.add_row(g["producer_group"], str(g["live_instances"]), str(g["pending_check_requests"]))
+        groups.add_row(
+            g["producer_group"], str(g["live_instances"]), str(g["pending_check_requests"]), _levels(g["durability"])
+        )
     console.print(servers, topics, groups)
-    console.print(f"live checkers: {report['checkers']['live_instances']}")
+    checkers = report["checkers"]
+    console.print(f"live checkers: {checkers['live_instances']} (durability: {_levels(checkers['durability'])})")
+
+
+def _levels(counts: dict[str, int]) -> str:
+    """``replica ×2, master ×1``: the durability levels live instances write with."""
+    return ", ".join(f"{level} ×{count}" for level, count in counts.items()) or "-"
 
 
 @main.group()

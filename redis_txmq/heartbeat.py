@@ -8,11 +8,16 @@ from .scripts import preload, register_script
 
 
 class Heartbeat:
-    """Registers an instance as live in a zset, on the server's clock (``lua/heartbeat.lua``)."""
+    """Registers an instance as live in a zset, on the server's clock, with the durability level it writes with
+    (``lua/heartbeat.lua``; ``txmq status`` counts the live instances per level)."""
 
-    def __init__(self, client: Any, instances_key: str, instance_id: str, interval: float) -> None:
+    def __init__(
+        self, client: Any, instances_key: str, levels_key: str, instance_id: str, interval: float, level: str
+    ) -> None:
         self.client = client
         self.instances_key = instances_key
+        self.levels_key = levels_key
+        self.level = level
         self.instance_id = instance_id
         self.live_ms = int(interval * 3000)
         self.script = register_script(client, "heartbeat")
@@ -29,4 +34,5 @@ class Heartbeat:
 
     def call(self, action: str) -> Any:
         """The script call for ``beat`` or ``leave``: its reply, or an awaitable on a ``redis.asyncio`` client."""
-        return self.script(keys=[self.instances_key], args=[self.instance_id, self.live_ms, action])
+        keys = [self.instances_key, self.levels_key]
+        return self.script(keys=keys, args=[self.instance_id, self.live_ms, action, self.level])

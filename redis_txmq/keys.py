@@ -28,6 +28,8 @@ key                                   type    holds
 ``txmq:group:{G}:producers``          zset    producer instance -> last heartbeat (ms, server clock)
 ``txmq:replies``                      stream  check answers from producers (read by the checkers)
 ``txmq:checkers``                     zset    checker instance -> last heartbeat (ms, server clock)
+``txmq:group:{G}:durability``         hash    producer instance -> durability level (``txmq status``)
+``{txmq:checkers}:durability``        hash    checker instance -> durability level (slot of ``txmq:checkers``)
 ====================================  ======  ==========================================================
 
 The Lua scripts that change a transaction receive :meth:`TopicKeys.script_keys` as KEYS, in that
@@ -46,6 +48,9 @@ TOPIC_REGISTRY = f"{PREFIX}:topics"
 GROUP_REGISTRY = f"{PREFIX}:groups"
 REPLY_STREAM = f"{PREFIX}:replies"
 CHECKER_INSTANCES = f"{PREFIX}:checkers"
+CHECKER_LEVELS = f"{{{CHECKER_INSTANCES}}}:durability"
+"""Checker instance -> durability level; tagged with the whole name of ``txmq:checkers`` (which has no tag), so
+both live in one hash slot for the heartbeat script."""
 PRODUCERS_CONSUMER_GROUP = "producers"
 """Consumer group of a check-request stream: the live producer instances of the producer group."""
 CHECKERS_CONSUMER_GROUP = "checkers"
@@ -170,6 +175,11 @@ class GroupKeys:
     @property
     def producers(self) -> str:
         return f"{PREFIX}:group:{{{self.producer_group}}}:producers"
+
+    @property
+    def durability_levels(self) -> str:
+        """Producer instance -> the durability level it writes with (``txmq status``)."""
+        return f"{PREFIX}:group:{{{self.producer_group}}}:durability"
 
 
 def topic_keys_of_stream(stream: str) -> TopicKeys:

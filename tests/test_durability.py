@@ -1,0 +1,222 @@
+"""Durability levels: what a send waits for after its scripts, and what it reports when that does not come.
+
+The level's own rules (the command, how its reply is read, the server checks) are tested without a server; the
+behaviour on real servers: a master whose replica is stopped (SIGSTOP) so that ``WAIT`` times out, and ``aof`` on
+whatever server the session runs (Redis 7.0 refuses it at start, Valkey 9 gives it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from checker import Checker
+from redis_txmq import (
+    ConfigurationError,
+    LocalTransactionState,
+    Message,
+    PrepareError,
+    Settings,
+    TransactionListener,
+    TransactionProducer,
+)
+from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+from redis_txmq.cli import main
+from redis_txmq.durability import Durability
+from redis_txmq.embedded import EmbeddedRedis
+from redis_txmq.keys import TopicKeys
+
+from .helpers import wait_until
+
+FAST = Settings(transaction_timeout=0.2, check_interval=0.3, heartbeat_interval=0.5, claim_idle=1.0)
+COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
+
+
+def test_the_levels_and_their_commands() -> None:
+    assert Durability.of("master") is None
+    replica = Durability.of("replica", 2, 0.5)
+    assert replica is not None and replica.command == ("WAIT", 2, 500)
+    assert replica.confirmed(2) and not replica.confirmed(1) and not replica.confirmed(redis.ResponseError("x"))
+    aof = Durability.of("aof", 1, 1.5)
+    assert aof is not None and aof.command == ("WAITAOF", 1, 0, 1500)
+    assert aof.confirmed([1, 0]) and not aof.confirmed([0, 0])
+    for level, replicas, timeout in (("quorum", 1, 1.0), ("replica", 0, 1.0), ("replica", 1, 0.0)):
+        with pytest.raises(ConfigurationError):
+            Durability.of(level, replicas, timeout)
+    with pytest.raises(ConfigurationError, match="durability must be one of"):
+        Settings(durability="everywhere")
+    settings = Settings.from_env({"TXMQ_DURABILITY": "replica", "TXMQ_DURABILITY_REPLICAS": "2"})
+    assert settings.durability_level() == Durability("replica", 2, 1.0)
+
+
+def test_aof_is_gated_on_the_protocol_version_and_the_append_only_file() -> None:
+    aof = Durability("aof", 0, 1.0)
+    assert "Redis >= 7.2" in (aof.server_problem({"redis_version": "7.0.15", "aof_enabled": 1}) or "")
+    assert "appendonly yes" in (aof.server_problem({"redis_version": "7.2.4", "aof_enabled": 0}) or "")
+    assert aof.server_problem({"redis_version": "7.2.4", "server_name": "valkey", "aof_enabled": 1}) is None
+    assert Durability("replica", 1, 1.0).server_problem({"redis_version": "6.0.0"}) is None
+
+
+@pytest.fixture
+def replicated(redis_url: str) -> Iterator[tuple[str, int]]:
+    """The session's server with a replica of its own attached (URL of the master, pid of the replica)."""
+    master = redis.Redis.from_url(redis_url)
+    master.flushall()
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    with EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", port]) as replica:
+        replica_port = replica.url.rsplit(":", 1)[1].split("/")[0]
+
+        def online() -> bool:
+            info = master.info("replication")
+            return any(
+                isinstance(v, dict) and str(v.get("port")) == replica_port and v.get("state") == "online"
+                for k, v in info.items()
+                if k.startswith("slave")
+            )
+
+        wait_until(online, timeout=20)
+        master.set("replicated", 1)
+        assert master.wait(1, 10_000) == 1  # the replica acknowledges writes (not only "online")
+        master.delete("replicated")
+        process = replica._process
+        assert process is not None
+        try:
+            yield redis_url, process.pid
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+            master.close()
+
+
+class Stopped:
+    """The replica stopped (SIGSTOP) for the block: WAIT on the master gets no acknowledgement."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def __enter__(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def __exit__(self, *_: object) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+class Orders(TransactionListener):
+    """Records the local transactions that ran (each commits); the check-back answers from that record."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def execute_local_transaction(self, message: Message, arg: object) -> LocalTransactionState:
+        self.ran.append(message.transaction_id or "")
+        return COMMIT
+
+    def check_local_transaction(self, message: Message) -> LocalTransactionState:
+        return COMMIT if message.transaction_id in self.ran else ROLLBACK
+
+
+def topic_entries(url: str) -> list[str]:
+    with redis.Redis.from_url(url) as client:
+        return [fields[b"transaction_id"].decode() for _id, fields in client.xrange("orders")]
+
+
+@pytest.mark.real
+def test_at_level_replica_a_prepare_no_replica_confirmed_does_not_run_the_local_transaction(
+    replicated: tuple[str, int],
+) -> None:
+    url, replica = replicated
+    settings = replace(FAST, redis_url=url, durability="replica", durability_timeout=0.2)
+    orders = Orders()
+    ran = orders.ran
+    with TransactionProducer("durable", orders, settings=settings) as producer:
+        confirmed = producer.send_message_in_transaction(Message("orders", b"confirmed"))
+        assert confirmed.end_error is None and ran == [confirmed.transaction_id]
+        with Stopped(replica), pytest.raises(PrepareError, match=r"0 of 1 replica\(s\)") as refused:
+            producer.send_message_in_transaction(Message("orders", b"not replicated"))
+        assert "the local transaction was not run" in str(refused.value)
+        assert ran == [confirmed.transaction_id]
+        stop = threading.Event()
+        with redis.Redis.from_url(url) as client:
+            worker = threading.Thread(target=Checker(client, settings, scan_interval=0.05).run, args=(stop,))
+            worker.start()
+            try:
+                wait_until(lambda: client.hlen(TopicKeys("orders").inflight) == 0, timeout=15)
+            finally:
+                stop.set()
+                worker.join(10)
+    assert topic_entries(url) == [confirmed.transaction_id]
+
+
+@pytest.mark.real
+def test_at_level_replica_an_end_no_replica_confirmed_is_the_sends_end_error(replicated: tuple[str, int]) -> None:
+    url, replica = replicated
+    settings = replace(FAST, redis_url=url, durability="replica", durability_timeout=0.2)
+    with TransactionProducer("durable", checker=lambda m: COMMIT, settings=settings) as producer:
+        with producer.transaction(Message("orders", b"committed, not replicated")) as tx:
+            os.kill(replica, signal.SIGSTOP)
+        os.kill(replica, signal.SIGCONT)
+        assert tx.result is not None
+        end_error = tx.result.end_error or ""
+        assert "COMMIT is applied on the master but not confirmed as durable (replica)" in end_error
+        assert tx.transaction_id in end_error
+        report = CliRunner().invoke(main, ["status", "--json", "--redis-url", url])
+        groups = {g["producer_group"]: g for g in json.loads(report.output)["producer_groups"]}
+        assert groups["durable"]["durability"] == {"replica": 1}
+        (server,) = json.loads(report.output)["servers"]
+        assert "replica" in server["durability_levels"]
+    assert topic_entries(url) == [tx.transaction_id]  # applied on the master: visible, exactly once
+
+
+@pytest.mark.real
+def test_the_asyncio_producer_waits_for_its_replicas_too(replicated: tuple[str, int]) -> None:
+    url, replica = replicated
+    settings = replace(FAST, redis_url=url, durability="replica", durability_timeout=0.2)
+
+    async def sends() -> tuple[str, str]:
+        async with AsyncTransactionProducer("durable", checker=lambda m: COMMIT, settings=settings) as producer:
+            async with producer.transaction(Message("orders", b"confirmed")) as confirmed:
+                pass
+            assert confirmed.result is not None and confirmed.result.end_error is None
+            with Stopped(replica), pytest.raises(PrepareError, match="replica"):
+                async with producer.transaction(Message("orders", b"refused")):
+                    raise AssertionError("the local transaction ran without a confirmed prepare")
+            async with producer.transaction(Message("orders", b"end not confirmed")) as unconfirmed:
+                os.kill(replica, signal.SIGSTOP)
+            os.kill(replica, signal.SIGCONT)
+            assert unconfirmed.result is not None and "not confirmed as durable" in (unconfirmed.result.end_error or "")
+            return confirmed.transaction_id, unconfirmed.transaction_id
+
+    first, second = asyncio.run(sends())
+    assert topic_entries(url) == [first, second]
+
+
+@pytest.mark.real
+def test_level_aof_where_the_server_has_waitaof_else_a_clear_error_at_start() -> None:
+    with EmbeddedRedis(extra_args=["--appendonly", "yes", "--appendfsync", "everysec"]) as server:
+        with redis.Redis.from_url(server.url) as client:
+            version = client.info("server")["redis_version"]
+        settings = replace(FAST, redis_url=server.url, durability="aof")
+        has_waitaof = tuple(int(p) for p in version.split(".")[:2]) >= (7, 2)
+        producer = TransactionProducer("durable", checker=lambda m: COMMIT, settings=settings)
+        if not has_waitaof:
+            with pytest.raises(ConfigurationError, match=r"WAITAOF \(Redis >= 7.2 or Valkey\)"):
+                producer.start()
+            producer.shutdown()
+            return
+        with producer, producer.transaction(Message("orders", b"fsynced")) as tx:
+            pass
+        assert tx.result is not None and tx.result.end_error is None
+        assert topic_entries(server.url) == [tx.transaction_id]
+    with EmbeddedRedis() as no_aof:  # appendonly no
+        settings = replace(settings, redis_url=no_aof.url)
+        producer = TransactionProducer("durable", checker=lambda m: COMMIT, settings=settings)
+        with pytest.raises(ConfigurationError, match="appendonly yes"):
+            producer.start()
+        producer.shutdown()
