@@ -18,7 +18,7 @@ import redis
 from redis_txmq.embedded import free_port, server_binary, wait_for_ping
 
 SERVICE = "txmq"
-DOWN_AFTER_MS = 1000
+DOWN_AFTER_MS = 2500
 DEADLINE_SECONDS = 30.0
 
 
@@ -151,6 +151,9 @@ class SentinelGroup:
         process.wait(10)
         self.wait_until(lambda: self.master_port() != old, "the Sentinels to promote the replica")
         new = self.master_port()
+        # every Sentinel agrees before the empty server comes back: one that has not switched yet could otherwise
+        # take part in promoting it
+        self.wait_until(lambda: self._sentinels_agree(new, replicas=0), "every Sentinel to follow the new master")
         self._start_server(old, replica_of=new)
         self.wait_for_replicas(new, 1)
         return new

@@ -77,7 +77,11 @@ def test_every_part_works_through_a_sentinel_url(sentinel_group: SentinelGroup) 
 
 
 class Orders(TransactionListener):
-    """The service: every fifth order rolls back; the others commit (the ground truth is :attr:`committed`)."""
+    """The service: every fifth order rolls back; the others commit (the ground truth is :attr:`committed`).
+
+    A check that finds no commit fences the transaction, as a real service must (the transaction log's fence): a
+    check can overtake a slow prepare (one that waited for its replica), and the local transaction that runs after
+    it must then roll back, not commit what the check already rolled back."""
 
     def __init__(self) -> None:
         self.committed: set[str] = set()
@@ -86,16 +90,19 @@ class Orders(TransactionListener):
 
     def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
         with self.lock:
-            if arg % 5 == 4:
-                self.rolled_back.add(message.transaction_id or "")
+            transaction_id = message.transaction_id or ""
+            if arg % 5 == 4 or transaction_id in self.rolled_back:
+                self.rolled_back.add(transaction_id)
                 return LocalTransactionState.ROLLBACK
-            self.committed.add(message.transaction_id or "")
+            self.committed.add(transaction_id)
         return LocalTransactionState.COMMIT
 
     def check_local_transaction(self, message: Message) -> LocalTransactionState:
         with self.lock:
-            known = message.transaction_id in self.committed
-        return LocalTransactionState.COMMIT if known else LocalTransactionState.ROLLBACK
+            if message.transaction_id in self.committed:
+                return LocalTransactionState.COMMIT
+            self.rolled_back.add(message.transaction_id or "")
+        return LocalTransactionState.ROLLBACK
 
 
 class Run:
