@@ -580,6 +580,25 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
     console.print(f"topic {name}: {count} partition{'s' if count > 1 else ''}", highlight=False)
 
 
+@main.command()
+@click.argument("role", type=click.Choice(["producer", "checker", "consumer", "spark"]))
+@click.option("--topic", "topics", multiple=True, required=True, help="A topic the part uses (repeat for more).")
+@click.option("--group", "groups", multiple=True, help="Producer group (a producer's; a checker's, else all groups).")
+@click.option("--consumer-group", help="A consumer's consumer group.")
+@click.option("--user", default="txmq-ROLE", show_default=True, help="The ACL user name.")
+def acl(role: str, topics: tuple[str, ...], groups: tuple[str, ...], consumer_group: str | None, user: str) -> None:
+    """Print the least-privilege ACL SETUSER line for a producer, checker, consumer or Spark reader."""
+    from .acl import acl_rules
+
+    try:
+        rules = acl_rules(role, topics=topics, producer_groups=groups, consumer_group=consumer_group)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    name = user.replace("ROLE", role)
+    shown = " ".join(f'"{rule}"' if " " in rule else rule for rule in rules)
+    click.echo(f"ACL SETUSER {name} on >YOUR-PASSWORD {shown}")
+
+
 def _counts(text: str, option: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]

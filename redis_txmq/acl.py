@@ -1,0 +1,138 @@
+"""Least-privilege ACL rules for each part: a producer, a checker, a consumer and a Spark reader.
+
+Each rule names only the keys of the part's topics and groups (:mod:`redis_txmq.keys`) and only the commands it
+sends, including those its Lua scripts call: Redis checks every command inside a script against the caller's ACL,
+so a script is no way around it. ``EVAL`` is allowed next to ``EVALSHA`` (redis-py falls back to it) for the same
+reason. ``INFO`` lets a producer or checker check its durability level at start (without it the level is not
+checked, and ``txmq status`` shows the server as unknown). The rules are what ``txmq acl`` prints and what the tests
+run every part with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .errors import ConfigurationError
+from .keys import CHECKER_INSTANCES, CHECKER_LEVELS, GROUP_REGISTRY, PREFIX, REPLY_STREAM, TOPIC_REGISTRY
+from .message import validate_name
+
+CONNECTION = ("hello", "ping")
+"""What redis-py may send on a new connection (its CLIENT SETINFO, refused, is ignored; Redis 7.0 has none)."""
+SCRIPTS = ("evalsha", "eval", "script|load")
+TRANSACTION_COMMANDS = (
+    *CONNECTION,
+    *SCRIPTS,
+    "info",
+    "time",
+    "type",
+    "exists",
+    "hget",
+    "hset",
+    "hdel",
+    "hexists",
+    "hincrby",
+    "hlen",
+    "hmget",
+    "sadd",
+    "smembers",
+    "smismember",
+    "zadd",
+    "zrem",
+    "zcount",
+    "zrangebyscore",
+    "zremrangebyscore",
+    "xadd",
+    "xrange",
+    "xdel",
+    "xtrim",
+    "xack",
+    "xpending",
+    "xreadgroup",
+    "xautoclaim",
+    "xclaim",
+    "xgroup|create",
+    "xinfo|consumers",
+    "multi",
+    "exec",
+)
+"""A producer's and a checker's: the transaction scripts, heartbeats, check requests and answers."""
+CONSUMER_COMMANDS = (
+    *CONNECTION,
+    *SCRIPTS,
+    "time",
+    "hget",
+    "xadd",
+    "xrange",
+    "xack",
+    "xpending",
+    "xreadgroup",
+    "xautoclaim",
+    "xclaim",
+    "xgroup|create",
+    "xgroup|delconsumer",
+    "xinfo|consumers",
+)
+"""A consumer's. It appends (XADD) to its group's dead-letter streams from a script whose KEYS are the topic stream
+and that dead-letter stream; Redis checks a script call's keys all against one set of permissions (a selector
+cannot hold the XADD apart), so the topic streams are writable by XADD too."""
+SPARK_COMMANDS = (*CONNECTION, "exists", "hget", "xlen", "xrange", "xinfo|stream")
+ROLES = ("producer", "checker", "consumer", "spark")
+
+
+def _topic_keys(topics: Iterable[str]) -> list[str]:
+    """Key patterns of topics: the stream of each partition and their companions, and the topic's metadata."""
+    patterns = []
+    for topic in topics:
+        validate_name(topic, "topic")  # letters, digits and _.:- only: nothing an ACL pattern would expand
+        patterns += [topic, f"{topic}#*", f"{PREFIX}:{{{topic}}}:*", f"{PREFIX}:{{{topic}#*}}:*"]
+        patterns.append(f"{PREFIX}:topic:{{{topic}}}")
+    return patterns
+
+
+def acl_rules(
+    role: str,
+    *,
+    topics: Iterable[str],
+    producer_groups: Iterable[str] = (),
+    consumer_group: str | None = None,
+) -> list[str]:
+    """The ``ACL SETUSER`` arguments (after the user name) for ``role`` on ``topics``, one rule each (a selector,
+    in parentheses, is one argument): a producer of
+    ``producer_groups`` (one, usually), a checker of every group in ``producer_groups`` (empty: all groups), a
+    consumer in ``consumer_group``, or a Spark reader (read-only keys). Starts with ``resetkeys -@all``."""
+    topics = list(topics)
+    if role not in ROLES:
+        raise ConfigurationError(f"ACL role must be one of {', '.join(ROLES)}, got {role!r}")
+    if not topics:
+        raise ConfigurationError(f"ACL rules for a {role}: name at least one topic")
+    groups = list(producer_groups)
+    for group in groups:
+        validate_name(group, "producer group")
+    if role == "producer":
+        if not groups:
+            raise ConfigurationError("ACL rules for a producer: name its producer group")
+        keys = _topic_keys(topics) + [f"{PREFIX}:group:{{{g}}}:*" for g in groups]
+        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM]
+        commands = TRANSACTION_COMMANDS
+    elif role == "checker":
+        group_keys = [f"{PREFIX}:group:{{{g}}}:*" for g in groups] or [f"{PREFIX}:group:*"]
+        keys = _topic_keys(topics) + group_keys
+        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM, CHECKER_INSTANCES, CHECKER_LEVELS]
+        commands = TRANSACTION_COMMANDS
+    elif role == "consumer":
+        if not consumer_group:
+            raise ConfigurationError("ACL rules for a consumer: name its consumer group")
+        validate_name(consumer_group, "consumer group")
+        keys = []
+        for topic in topics:
+            validate_name(topic, "topic")
+            keys += [f"~{topic}", f"~{topic}#*", f"%R~{PREFIX}:topic:{{{topic}}}"]
+            keys += [f"~{PREFIX}:{{{topic}}}:consumer-dead:{consumer_group}"]
+            keys += [f"~{PREFIX}:{{{topic}#*}}:consumer-dead:{consumer_group}"]
+        return ["resetkeys", *keys, "resetchannels", "-@all", *(f"+{c}" for c in CONSUMER_COMMANDS)]
+    else:
+        keys = []
+        for topic in topics:
+            validate_name(topic, "topic")
+            keys += [f"%R~{topic}", f"%R~{topic}#*", f"%R~{PREFIX}:topic:{{{topic}}}"]
+        return ["resetkeys", *keys, "resetchannels", "-@all", *(f"+{c}" for c in SPARK_COMMANDS)]
+    return ["resetkeys", *(f"~{k}" for k in keys), "resetchannels", "-@all", *(f"+{c}" for c in commands)]

@@ -1,0 +1,138 @@
+"""Every part works as an ACL user limited to the rules of :mod:`redis_txmq.acl` (what ``txmq acl`` prints), and
+those users can do no more than their part: a wrong key or command is refused (NOPERM)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from checker import Checker
+from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, create_topic
+from redis_txmq.acl import acl_rules
+from redis_txmq.cli import main
+from redis_txmq.keys import TopicKeys
+
+from .helpers import wait_until
+
+pytestmark = pytest.mark.real
+
+TOPICS = ["orders", "payments"]
+GROUP, CONSUMER_GROUP = "orders-service", "billing"
+FAST = Settings(transaction_timeout=0.2, check_interval=0.3, heartbeat_interval=0.3, claim_idle=1.0)
+COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
+
+
+@pytest.fixture
+def users(real_client: redis.Redis, redis_url: str) -> Iterator[dict[str, str]]:
+    """Role -> the URL of an ACL user with that role's rules on the session's server (removed afterwards)."""
+    rules = {
+        "producer": acl_rules("producer", topics=TOPICS, producer_groups=[GROUP]),
+        "checker": acl_rules("checker", topics=TOPICS),
+        "consumer": acl_rules("consumer", topics=TOPICS, consumer_group=CONSUMER_GROUP),
+        "spark": acl_rules("spark", topics=TOPICS),
+    }
+    host = redis_url.split("://", 1)[1].split("/", 1)[0]
+    urls = {}
+    for role, rule in rules.items():
+        real_client.execute_command("ACL", "SETUSER", f"txmq-{role}", "on", f">pw-{role}", *rule)
+        urls[role] = f"redis://txmq-{role}:pw-{role}@{host}/0"
+    create_topic(real_client, "payments", 2)
+    try:
+        yield urls
+    finally:
+        real_client.execute_command("ACL", "DELUSER", *(f"txmq-{role}" for role in rules))
+
+
+class Service:
+    """Commits, rolls back or leaves UNKNOWN as asked; the check-back commits what it left."""
+
+    def execute_local_transaction(self, message: Message, arg: LocalTransactionState) -> LocalTransactionState:
+        return arg
+
+    def check_local_transaction(self, message: Message) -> LocalTransactionState:
+        return COMMIT
+
+
+def test_each_part_works_with_its_least_privilege_user(users: dict[str, str], real_client: redis.Redis, spark) -> None:
+    from redis_txmq import TransactionListener
+
+    class Listener(Service, TransactionListener):
+        pass
+
+    settings = replace(FAST, redis_url=users["producer"])
+    stop = threading.Event()
+    checker_client = redis.Redis.from_url(users["checker"])
+    checking = threading.Thread(target=Checker(checker_client, FAST, scan_interval=0.05).run, args=(stop,))
+    checking.start()
+    try:
+        with (
+            TransactionProducer(GROUP, Listener(), settings=settings) as producer,
+            TransactionProducer(GROUP, Listener(), settings=settings, oneway_end=True) as oneway,
+        ):
+            sent = [
+                producer.send_message_in_transaction(Message(topic, f"{topic} {arg.value}".encode(), keys="k"), arg)
+                for topic in TOPICS
+                for arg in (COMMIT, ROLLBACK, UNKNOWN)
+            ]
+            sent.append(oneway.send_message_in_transaction(Message("orders", b"one-way"), COMMIT))
+            assert oneway.flush(10)
+            assert all(result.end_error is None for result in sent)
+            in_flight = [TopicKeys("orders").inflight, TopicKeys("payments", 0, True).inflight]
+            wait_until(lambda: all(real_client.hlen(key) == 0 for key in in_flight), timeout=15)
+    finally:
+        stop.set()
+        checking.join(10)
+        checker_client.close()
+    committed = {r.transaction_id for r in sent if r.local_transaction_state in (COMMIT, UNKNOWN)}
+
+    received = set()
+    for topic in TOPICS:
+        with Consumer(
+            topic, CONSUMER_GROUP, redis_url=users["consumer"], block=0.1, max_deliveries=1, min_idle_time=0.1
+        ) as consumer:
+            for message in consumer.poll():
+                received.add(message.transaction_id)
+                if message.body != b"orders UNKNOWN":
+                    consumer.ack(message)  # the other one is redelivered once, then dead-lettered
+            if topic == "orders":  # the unacked one comes back past max_deliveries: dead-lettered by the consumer
+
+                def dead_lettered(c: Consumer = consumer) -> bool:
+                    c.poll(timeout=0.05)
+                    return real_client.xlen(TopicKeys("orders").consumer_dead_stream(CONSUMER_GROUP)) == 1
+
+                wait_until(dead_lettered, timeout=10)
+    assert received == committed
+
+    rows = spark.read.format("redis-txmq").option("redis.url", users["spark"]).option("topics", ",".join(TOPICS)).load()
+    assert {r.transaction_id for r in rows.select("transaction_id").collect()} == committed
+
+
+def test_the_users_can_do_no_more_than_their_part(users: dict[str, str]) -> None:
+    refused = [
+        ("producer", ("GET", "somebody-elses-key")),
+        ("producer", ("XADD", "invoices", "*", "f", "v")),
+        ("producer", ("FLUSHALL",)),
+        ("consumer", ("HSET", "txmq:{orders}:inflight", "f", "v")),
+        ("consumer", ("XADD", "txmq:{orders}:consumer-dead:payroll", "*", "f", "v")),
+        ("spark", ("XADD", "orders", "*", "f", "v")),
+        ("spark", ("XGROUP", "CREATE", "orders", "spark", "$", "MKSTREAM")),
+        ("checker", ("CONFIG", "GET", "requirepass")),
+    ]
+    for role, command in refused:
+        with redis.Redis.from_url(users[role]) as client:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command(*command)
+
+
+def test_txmq_acl_prints_the_setuser_line() -> None:
+    out = CliRunner().invoke(main, ["acl", "consumer", "--topic", "orders", "--consumer-group", "billing"])
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith("ACL SETUSER txmq-consumer on >YOUR-PASSWORD resetkeys ~orders ~orders#* ")
+    assert "~txmq:{orders}:consumer-dead:billing ~txmq:{orders#*}:consumer-dead:billing resetchannels" in out.output
+    refused = CliRunner().invoke(main, ["acl", "producer", "--topic", "orders"])
+    assert refused.exit_code == 1 and "name its producer group" in refused.output
