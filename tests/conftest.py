@@ -98,3 +98,4 @@ from .databases import database  # noqa: E402,F401 - SQLite and PostgreSQL, a sy
 from .postgres_fixture import async_postgres_url, postgres_engine, postgres_url  # noqa: E402,F401 - own PostgreSQL
 from .sentinel_fixture import sentinel_group  # noqa: E402,F401 - a master, a replica and three Sentinels
 from .spark_session import spark  # noqa: E402,F401 - the session-wide SparkSession fixture
+from .tls_fixture import tls_redis  # noqa: E402,F401 - a TLS-only server with mutual TLS
