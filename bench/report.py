@@ -38,6 +38,14 @@ def table(results: dict[str, Any]) -> Table:
             out.add_row(name, f"{send['asyncio_per_s']:,.0f} tx/s", "")
             out.add_row("  ratio to the sync send (median of rounds)", _ratio(send["asyncio_vs_sync"]), "≥ 2×")
         out.add_row("  every commit in its topic exactly once", "yes" if send["exactly_once"] else "NO", "yes")
+    durability = results.get("durability")
+    if durability:
+        for level, per_s in durability["per_s"].items():
+            out.add_row(f"sync send, durability {level}", f"{per_s:,.0f} tx/s", "")
+            if level in durability["vs_master"]:
+                out.add_row(
+                    "  ratio to durability master (median of rounds)", _ratio(durability["vs_master"][level]), ""
+                )
     rows = results.get("producers", [])
     most = max((row["processes"] for row in rows), default=0)
     for row in rows:

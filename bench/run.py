@@ -18,6 +18,7 @@ from redis_txmq.embedded import EmbeddedRedis, embedded_cluster
 
 from .checkback import checkback_at_scale
 from .common import delete_groups
+from .durability import compare_durability
 from .memory import MemoryProbe
 from .processes import WorkerPool, producer_scaling
 from .send import compare_send
@@ -105,6 +106,16 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
             results["checkback"].append(
                 checkback_at_scale(client, url, count, lambda n, task=task: progress.advance(task, n))
             )
+
+        task = progress.add_task("send: durability levels rounds", total=options.rounds)
+        results["durability"] = compare_durability(
+            client,
+            url,
+            not options.redis_url,
+            options.rounds,
+            options.per_round,
+            lambda: progress.advance(task),
+        )
 
         wait = options.memory_wait
         task = progress.add_task("memory: dedupe window", total=memory.settings.dedupe_window if wait else 1)

@@ -220,3 +220,21 @@ def test_level_aof_where_the_server_has_waitaof_else_a_clear_error_at_start() ->
         with pytest.raises(ConfigurationError, match="appendonly yes"):
             producer.start()
         producer.shutdown()
+
+
+@pytest.mark.real
+def test_an_instance_gone_for_good_leaves_no_durability_level_behind(real_client: redis.Redis) -> None:
+    from redis_txmq.heartbeat import Heartbeat
+    from redis_txmq.keys import GroupKeys
+
+    keys = GroupKeys("durable")
+    gone = Heartbeat(real_client, keys.producers, keys.durability_levels, "gone", 0.1, "replica")
+    live = Heartbeat(real_client, keys.producers, keys.durability_levels, "live", 0.1, "master")
+    gone.load()
+    gone.beat()
+    assert real_client.hgetall(keys.durability_levels) == {b"gone": b"replica"}
+    real_client.zadd(keys.producers, {"gone": 0})  # its last beat long ago: more than 10 live periods
+    live.beat()
+    assert real_client.hgetall(keys.durability_levels) == {b"live": b"master"}
+    live.leave()
+    assert real_client.hgetall(keys.durability_levels) == {}
