@@ -218,6 +218,7 @@ def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
     import spark_connector
 
     console.print("Spark reads the committed 'orders' stream (format redis-txmq, local[2]), this run's orders...")
+    already_running = SparkSession.getActiveSession() is not None  # the caller's session: not ours to stop
     spark = (
         SparkSession.builder.master("local[2]").appName("txmq-demo").config("spark.ui.enabled", "false").getOrCreate()
     )
@@ -235,7 +236,8 @@ def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
             table.add_row(row.id, row["keys"], row.amount)
         console.print(table)
     finally:
-        spark.stop()
+        if not already_running:
+            spark.stop()
 
 
 def _run_checker(redis_url: str, settings: Settings, topic: str, stop: threading.Event) -> None:
@@ -436,12 +438,11 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     servers = Table(title="servers")
-    for column in ("address", "server", "version", "role", "replicas", "durability levels"):
+    for column in ("address", "server", "version", "role", "replicas"):
         servers.add_column(column)
     for server in report["servers"]:
         replicas = ", ".join(server["replicas"]) or "none"
-        levels = ", ".join(server["durability_levels"]) or "unknown"
-        servers.add_row(server["address"], server["server"], server["version"], server["role"], replicas, levels)
+        servers.add_row(server["address"], server["server"], server["version"], server["role"], replicas)
     topics = Table(title="topics")
     for column in ("topic", "committed", "in flight", "oldest in flight (s)", "dead letters"):
         topics.add_column(column)
@@ -461,7 +462,11 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
         groups.add_row(
             g["producer_group"], str(g["live_instances"]), str(g["pending_check_requests"]), _levels(g["durability"])
         )
-    console.print(servers, topics, groups)
+    console.print(servers)
+    for server in report["servers"]:
+        levels = ", ".join(server["durability_levels"]) or "unknown (no INFO)"
+        console.print(f"durability levels {server['address']} can give: {levels}", highlight=False)
+    console.print(topics, groups)
     checkers = report["checkers"]
     console.print(f"live checkers: {checkers['live_instances']} (durability: {_levels(checkers['durability'])})")
 

@@ -119,3 +119,49 @@ def test_a_cluster_failover_loses_no_acknowledged_commit_at_durability_replica(
         client.close()
     what = f"cluster {fault}, durability {durability}, :{successor} took over :{victim} in {recovered:.1f} s"
     report.append(judge(run, appended, durability, what))
+
+
+def test_the_asyncio_producer_confirms_on_the_master_that_ran_each_script(cluster: LocalCluster) -> None:
+    import asyncio
+    import os
+    import signal
+
+    from redis_txmq import LocalTransactionState, Message, PrepareError
+    from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+
+    client = RedisCluster.from_url(cluster.url)
+    topics = topic_on_each_master(client)
+    stopped_master = client.get_node_from_key(topic_stream_key(topics[0])).port
+    stopped = cluster.processes[replica_of(cluster, stopped_master)]
+    client.close()
+    settings = Settings(redis_url=cluster.url, cluster=True, durability="replica", durability_timeout=0.3)
+
+    async def sends() -> list[str]:
+        commit = LocalTransactionState.COMMIT
+        async with AsyncTransactionProducer("durable", checker=lambda m: commit, settings=settings) as producer:
+            sent = []
+            for topic in topics:  # one on each master, each confirmed by that master's replica
+                async with producer.transaction(Message(topic, b"confirmed")) as tx:
+                    pass
+                assert tx.result is not None and tx.result.end_error is None, tx.result
+                sent.append(tx.transaction_id)
+            os.kill(stopped.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(PrepareError, match=r"0 of 1 replica"):
+                    async with producer.transaction(Message(topics[0], b"refused")):
+                        raise AssertionError("ran without a confirmed prepare")
+                async with producer.transaction(Message(topics[1], b"another master")) as other:
+                    pass  # its master's replica is running: confirmed
+                assert other.result is not None and other.result.end_error is None
+            finally:
+                os.kill(stopped.pid, signal.SIGCONT)
+            return sent
+
+    sent = asyncio.run(sends())
+    client = RedisCluster.from_url(cluster.url)
+    try:
+        for topic, transaction_id in zip(topics, sent, strict=True):
+            (entry,) = client.xrange(topic_stream_key(topic), count=1)
+            assert entry[1][b"transaction_id"].decode() == transaction_id
+    finally:
+        client.close()

@@ -11,12 +11,13 @@ import logging
 from typing import Any
 
 import redis
+from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
 
 from .. import protocol
 from ..config import Settings
 from ..connection import REDIS_ERRORS, is_async_cluster
 from ..durability import check_server
-from ..errors import ConfigurationError, DurabilityError, TxMQConnectionError, TxMQError
+from ..errors import DurabilityError, TxMQConnectionError, TxMQError
 from ..keys import TOPIC_REGISTRY, TopicKeys
 from ..message import LocalTransactionState, Message
 from ..protocol import EndCall, EndResult, EndSource, PrepareResult
@@ -25,6 +26,8 @@ from .lane import ScriptLane
 from .scripts import preload
 
 logger = logging.getLogger(__name__)
+
+_REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
 class AsyncRedisBroker:
@@ -37,20 +40,49 @@ class AsyncRedisBroker:
         self._end = register_topic_script(client, "end_transaction")
         self._cluster = is_async_cluster(client)
         self.durability = self.settings.durability_level()
-        if self._cluster and self.durability is not None:
-            raise ConfigurationError(
-                f"durability {self.durability.level!r} is not available on an asyncio Redis Cluster client yet (its "
-                "confirmation must go to the master that ran each script): use the sync producer on a cluster, or "
-                "durability 'master'"
-            )
         self._registered: set[str] = set()
         self._lane = None if self._cluster else ScriptLane(client, durability=self.durability)
 
     async def _run(self, script: Any, keys: TopicKeys, args: list[Any]) -> Any:
         """One script call: through the lane that pipelines concurrent calls, or directly on a cluster."""
         if self._lane is None:
+            if self.durability is not None:
+                return await self._run_on_master(script, keys.script_keys(), args)
             return await script(keys=keys.script_keys(), args=args)
         return await self._lane.call(script, keys.script_keys(), args)
+
+    async def _run_on_master(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """On a cluster with a durability level: the script and its confirmation in one write on one connection of
+        the master that owns the slot. A redirection or an unreachable master sends the call through the cluster
+        client (which follows MOVED and refreshes its map); such a call cannot be confirmed (DurabilityError)."""
+        from redis.asyncio.cluster import PipelineCommand
+
+        durability = self.durability
+        assert durability is not None
+        try:
+            node = self.client.get_node_from_key(keys[0])
+            for _attempt in range(2):
+                calls = [
+                    PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args),
+                    PipelineCommand(1, *durability.command),
+                ]
+                await node.execute_pipeline(calls)
+                reply, confirmation = calls[0].result, calls[1].result
+                if not isinstance(reply, NoScriptError):
+                    break
+                await self.client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
+        except (*REDIS_ERRORS,) as exc:
+            if isinstance(exc, redis.ResponseError) and not isinstance(exc, _REDIRECTED):
+                raise
+            reply, confirmation = await script(keys=keys, args=args), None
+        if isinstance(reply, _REDIRECTED):
+            reply, confirmation = await script(keys=keys, args=args), None
+        if isinstance(reply, Exception):
+            raise reply
+        if not durability.confirmed(confirmation):
+            shortfall = f"not confirmed as durable ({durability.level}): {durability.shortfall(confirmation)}"
+            raise DurabilityError(shortfall, replies=[reply])
+        return reply
 
     async def load_scripts(self) -> None:
         """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
@@ -59,15 +91,18 @@ class AsyncRedisBroker:
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
         if self.durability is not None:
-            try:
-                info: dict[str, Any] = {}
-                for section in ("server", "replication", "persistence"):
-                    info.update(await self.client.info(section))
-            except redis.ResponseError:
-                info = {}  # a user without INFO: check_server says the level could not be checked
-            except REDIS_ERRORS as exc:
-                raise TxMQConnectionError(f"could not read the server's INFO to check durability: {exc}") from exc
-            check_server(self.durability, "the server", info)
+            nodes = self.client.get_primaries() if self._cluster else [None]
+            for node in nodes:
+                try:
+                    info: dict[str, Any] = {}
+                    for section in ("server", "replication", "persistence"):
+                        options = {} if node is None else {"target_nodes": node}
+                        info.update(await self.client.info(section, **options))
+                except redis.ResponseError:
+                    info = {}  # a user without INFO: check_server says the level could not be checked
+                except REDIS_ERRORS as exc:
+                    raise TxMQConnectionError(f"could not read the server's INFO to check durability: {exc}") from exc
+                check_server(self.durability, "the server" if node is None else node.name, info)
 
     def registered_streams(self) -> frozenset[str]:
         return frozenset(self._registered)
@@ -125,7 +160,7 @@ class AsyncRedisBroker:
         EVALSHA, as concurrent calls. A connection failure of the whole batch raises :class:`TxMQConnectionError`."""
         try:
             if self._cluster:
-                calls = [self._end(keys=e.keys.script_keys(), args=protocol.end_args(e, self.settings)) for e in ends]
+                calls = [self._run_unconfirmed_ok(e.keys, protocol.end_args(e, self.settings)) for e in ends]
                 replies = list(await asyncio.gather(*calls, return_exceptions=True))
                 for reply in replies:
                     if isinstance(reply, BaseException) and not isinstance(reply, REDIS_ERRORS):
@@ -148,6 +183,15 @@ class AsyncRedisBroker:
         results = protocol.end_results(ends, replies)
         await self.drop_check_requests(protocol.retired_requests(ends, results))
         return results
+
+    async def _run_unconfirmed_ok(self, keys: TopicKeys, args: list[Any]) -> Any:
+        """An end of a batch on a cluster: its reply, a shortfall of its confirmation only logged (as for a batch on
+        one server: the check-back repairs an end a failover loses)."""
+        try:
+            return await self._run(self._end, keys, args)
+        except DurabilityError as exc:
+            protocol.batch_not_durable(1, exc)
+            return exc.replies[0]
 
     async def drop_check_requests(self, requests: list[tuple[str, str]]) -> None:
         """Delete check requests whose transaction ended (best effort, as the sync broker)."""
