@@ -17,6 +17,8 @@ import redis
 
 from redis_txmq.embedded import free_port, server_binary, wait_for_ping
 
+from .tls_fixture import Certificates, make_certificates, skip_without_tls
+
 SERVICE = "txmq"
 DOWN_AFTER_MS = 2500
 DEADLINE_SECONDS = 30.0
@@ -25,8 +27,11 @@ DEADLINE_SECONDS = 30.0
 class SentinelGroup:
     """``url`` is the ``redis+sentinel://`` URL of the group; :meth:`stop` kills everything and removes the files."""
 
-    def __init__(self, data_password: str | None = None, sentinel_password: str | None = None) -> None:
-        """``data_password`` is the servers' ``requirepass``, ``sentinel_password`` the Sentinels' own."""
+    def __init__(
+        self, data_password: str | None = None, sentinel_password: str | None = None, tls: bool = False
+    ) -> None:
+        """``data_password`` is the servers' ``requirepass``, ``sentinel_password`` the Sentinels' own; ``tls``:
+        servers, replication and Sentinels speak TLS only (clients need the CA, no client certificate)."""
         self.data_password = data_password
         self.sentinel_password = sentinel_password
         found = server_binary()
@@ -35,6 +40,10 @@ class SentinelGroup:
         self.binary = found[0]
         self._dir = tempfile.TemporaryDirectory(prefix="txmq-sentinel-")
         self.root = Path(self._dir.name)
+        self.certificates: Certificates | None = None
+        if tls:
+            skip_without_tls(self.binary)
+            self.certificates = make_certificates(self.root)
         self.servers: dict[int, subprocess.Popen[bytes]] = {}
         self.sentinels: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -42,7 +51,24 @@ class SentinelGroup:
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinels)
         auth = f":{self.data_password}@" if self.data_password else ""
-        return f"redis+sentinel://{auth}{hosts}/{SERVICE}"
+        if self.certificates is None:
+            return f"redis+sentinel://{auth}{hosts}/{SERVICE}"
+        return f"rediss+sentinel://{auth}{hosts}/{SERVICE}?ssl_ca_certs={self.certificates.ca}"
+
+    def _tls_config_lines(self) -> list[str]:
+        """The TLS settings of :meth:`_tls_args` as lines of a Sentinel's config file."""
+        args = self._tls_args()
+        return [f"{args[i].lstrip('-')} {args[i + 1]}" for i in range(0, len(args), 2)]
+
+    def _tls_args(self) -> list[str]:
+        """Server arguments (``--name value``) for TLS only, or none."""
+        tls = self.certificates
+        if tls is None:
+            return []
+        return [
+            *("--tls-cert-file", str(tls.server_cert), "--tls-key-file", str(tls.server_key)),
+            *("--tls-ca-cert-file", str(tls.ca), "--tls-replication", "yes", "--tls-auth-clients", "no"),
+        ]
 
     def start(self) -> SentinelGroup:
         master = self._start_server(free_port())
@@ -56,7 +82,8 @@ class SentinelGroup:
     def _start_server(self, port: int, replica_of: int | None = None) -> int:
         data = self.root / f"server-{port}"
         data.mkdir(exist_ok=True)
-        args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        ports = ["--port", str(port)] if self.certificates is None else ["--port", "0", "--tls-port", str(port)]
+        args = [self.binary, *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self._tls_args()]
         args += ["--dir", str(data), "--logfile", str(data / "log"), "--repl-ping-replica-period", "1"]
         if replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(replica_of)]
@@ -71,7 +98,8 @@ class SentinelGroup:
         config.write_text(
             "\n".join(
                 [
-                    f"port {port}",
+                    *([f"port {port}"] if self.certificates is None else ["port 0", f"tls-port {port}"]),
+                    *self._tls_config_lines(),
                     "bind 127.0.0.1",
                     f"dir {self.root}",
                     f"logfile {self.root / f'sentinel-{port}.log'}",
@@ -88,21 +116,26 @@ class SentinelGroup:
         self.sentinels[port] = subprocess.Popen(
             [self.binary, str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        wait_for_ping(f"redis://{self._auth(self.sentinel_password)}127.0.0.1:{port}")
+        wait_for_ping(self._url(port, self.sentinel_password))
 
     @staticmethod
     def _auth(password: str | None) -> str:
         return f":{password}@" if password else ""
 
+    def _url(self, port: int, password: str | None) -> str:
+        if self.certificates is None:
+            return f"redis://{self._auth(password)}127.0.0.1:{port}"
+        return f"rediss://{self._auth(password)}127.0.0.1:{port}?ssl_ca_certs={self.certificates.ca}"
+
     def _server_url(self, port: int) -> str:
-        return f"redis://{self._auth(self.data_password)}127.0.0.1:{port}"
+        return self._url(port, self.data_password)
 
     def server_client(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, password=self.data_password, decode_responses=True)
+        return redis.Redis.from_url(self._url(port, self.data_password), decode_responses=True)
 
     def sentinel_client(self, port: int | None = None) -> redis.Redis:
         port = port or next(iter(self.sentinels))
-        return redis.Redis(port=port, password=self.sentinel_password, decode_responses=True)
+        return redis.Redis.from_url(self._url(port, self.sentinel_password), decode_responses=True)
 
     def master_port(self) -> int:
         with self.sentinel_client() as sentinel:

