@@ -41,6 +41,7 @@ TRANSACTION_COMMANDS = (
     "zrangebyscore",
     "zremrangebyscore",
     "xadd",
+    "xlen",
     "xrange",
     "xdel",
     "xtrim",
@@ -54,7 +55,8 @@ TRANSACTION_COMMANDS = (
     "multi",
     "exec",
 )
-"""A producer's and a checker's: the transaction scripts, heartbeats, check requests and answers."""
+"""A producer's and a checker's: the transaction scripts, heartbeats, check requests and answers (and what
+``txmq status`` reads: the checker's user is enough for it)."""
 CONSUMER_COMMANDS = (
     *CONNECTION,
     *SCRIPTS,

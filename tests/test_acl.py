@@ -3,6 +3,7 @@ those users can do no more than their part: a wrong key or command is refused (N
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -108,6 +109,10 @@ def test_each_part_works_with_its_least_privilege_user(users: dict[str, str], re
                 wait_until(dead_lettered, timeout=10)
     assert received == committed
 
+    report = CliRunner().invoke(main, ["status", "--json", "--redis-url", users["checker"]])  # an operator's view
+    assert report.exit_code == 0, report.output
+    assert "pw-checker" not in report.output
+    assert {t["stream"]: t["committed"] for t in json.loads(report.output)["topics"]}["orders"] == 3
     rows = spark.read.format("redis-txmq").option("redis.url", users["spark"]).option("topics", ",".join(TOPICS)).load()
     assert {r.transaction_id for r in rows.select("transaction_id").collect()} == committed
 
