@@ -38,6 +38,14 @@ def table(results: dict[str, Any]) -> Table:
             out.add_row(name, f"{send['asyncio_per_s']:,.0f} tx/s", "")
             out.add_row("  ratio to the sync send (median of rounds)", _ratio(send["asyncio_vs_sync"]), "≥ 2×")
         out.add_row("  every commit in its topic exactly once", "yes" if send["exactly_once"] else "NO", "yes")
+    cpu = results.get("server_cpu")
+    if cpu:
+        per_op = cpu["usec_per_op"]
+        out.add_row("server CPU per plain XADD", f"{per_op['xadd']:.1f} µs", "")
+        for mode, goal in (("sync", "≤ 2.5×"), ("oneway", "≤ 1.5×")):
+            scripts = cpu["script_usec_per_tx"][mode]
+            out.add_row(f"server CPU per {mode} send", f"{per_op[mode]:.1f} µs (scripts {scripts:.1f} µs)", "")
+            out.add_row("  ratio to XADD (median of rounds)", _ratio(cpu[f"{mode}_vs_xadd"]), goal)
     durability = results.get("durability")
     if durability:
         for level, per_s in durability["per_s"].items():

@@ -22,6 +22,7 @@ from .durability import compare_durability
 from .memory import MemoryProbe
 from .processes import WorkerPool, producer_scaling
 from .send import compare_send
+from .server_cpu import compare_server_cpu
 
 
 @dataclass
@@ -88,6 +89,10 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
 
         task = progress.add_task("send: sync / one-way / XADD rounds", total=options.rounds)
         results["send"] = compare_send(client, options.rounds, options.per_round, lambda: progress.advance(task))
+
+        task = progress.add_task("server CPU: XADD / sync / one-way rounds", total=options.rounds)
+        per_block = max(options.per_round, 500) if options.rounds > 4 else options.per_round
+        results["server_cpu"] = compare_server_cpu(client, options.rounds, per_block, lambda: progress.advance(task))
 
         targets = {"standalone": (url, False)}
         if options.cluster:

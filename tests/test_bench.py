@@ -38,6 +38,10 @@ def test_quick_bench_reports_every_part_and_leaves_no_bench_keys(real_client, re
         (p, m) for p in (1, 2) for m in ("xadd", "sync", "oneway")
     }
     assert all(r["complete"] and r["per_s"] > 0 for r in results["producers"])
+    cpu = results["server_cpu"]
+    assert all(cpu["usec_per_op"][mode] > 0 for mode in ("xadd", "sync", "oneway"))
+    assert cpu["script_usec_per_tx"]["sync"] > 0 and cpu["sync_vs_xadd"]["median"] > 0
+    assert "master" in results["durability"]["per_s"]
     (checkback,) = results["checkback"]
     assert checkback["in_flight"] == 200 and checkback["exactly_once"] and checkback["checkbacks_per_s"] > 0
     memory = results["memory"]
