@@ -17,7 +17,7 @@ from typing import Any
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq.admin import available_levels
 from redis_txmq.connection import server_info
-from redis_txmq.durability import Durability
+from redis_txmq.durability import has_waitaof
 from redis_txmq.embedded import EmbeddedRedis
 
 from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, spread
@@ -40,14 +40,13 @@ def _attach_replica(stack: ExitStack, client: Any) -> None:
 
 
 def compare_durability(
-    client: Any, url: str, own_server: bool, rounds: int, per_round: int, tick: Callable[[], None] = lambda: None
+    client: Any, own_server: bool, rounds: int, per_round: int, tick: Callable[[], None] = lambda: None
 ) -> dict[str, Any]:
     """Rates of sync sends per level and their ratios to ``master``; levels the server cannot give are left out."""
     with ExitStack() as stack:
         if own_server:
             _attach_replica(stack, client)
-            problem = Durability("aof", 0, 1.0).server_problem({**server_info(client, "server"), "aof_enabled": 1})
-            if problem is None:  # the server has WAITAOF: turn its append-only file on for these rounds
+            if has_waitaof(server_info(client, "server")):  # turn its append-only file on for the `aof` rounds
                 client.config_set("appendonly", "yes")
                 stack.callback(client.config_set, "appendonly", "no")
                 deadline = time.monotonic() + ONLINE_SECONDS
@@ -112,7 +111,7 @@ def main() -> None:
     rounds, per_round = (int(arg) for arg in (sys.argv[1:3] + ["30", "200"][len(sys.argv[1:3]) :]))
     with EmbeddedRedis() as server:
         client = connect(server.url)
-        print(json.dumps(compare_durability(client, server.url, True, rounds, per_round), indent=2))
+        print(json.dumps(compare_durability(client, True, rounds, per_round), indent=2))
         client.close()
 
 

@@ -115,7 +115,6 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
         task = progress.add_task("send: durability levels rounds", total=options.rounds)
         results["durability"] = compare_durability(
             client,
-            url,
             not options.redis_url,
             options.rounds,
             options.per_round,

@@ -29,8 +29,6 @@ from redis_txmq.errors import TransactionError, TxMQConnectionError, TxMQError
 from redis_txmq.groups import CURSOR_START, Backoff, PendingTakeover, ensure_consumer_group, is_missing_group
 from redis_txmq.heartbeat import Heartbeat
 from redis_txmq.keys import (
-    CHECKER_INSTANCES,
-    CHECKER_LEVELS,
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
     REPLY_STREAM,
@@ -84,14 +82,7 @@ class Checker:
         self.scan_interval = scan_interval or min(1.0, self.settings.check_interval / 2)
         self.sweep_interval = sweep_interval
         self.metrics = metrics or CheckerMetrics()
-        self.heartbeat = Heartbeat(
-            client,
-            CHECKER_INSTANCES,
-            CHECKER_LEVELS,
-            self.instance_id,
-            self.settings.heartbeat_interval,
-            self.settings.durability,
-        )
+        self.heartbeat = Heartbeat.of_checker(client, self.instance_id, self.settings)
         self._takeover = PendingTakeover(
             client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP, self.instance_id, self.settings.claim_idle
         )

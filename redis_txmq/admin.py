@@ -8,7 +8,7 @@ from typing import Any
 from . import entries
 from .broker import RedisBroker
 from .connection import server_info, server_nodes
-from .durability import Durability
+from .durability import has_waitaof
 from .errors import TransactionNotFoundError
 from .keys import (
     CHECKER_INSTANCES,
@@ -154,7 +154,7 @@ def available_levels(info: dict[str, Any]) -> list[str]:
     levels = ["master"]
     if int(info.get("connected_slaves", 0)) > 0:
         levels.append("replica")
-    if Durability("aof", 0, 1.0).server_problem(info) is None:
+    if has_waitaof(info) and str(info.get("aof_enabled", "0")) == "1":
         levels.append("aof")
     return levels
 

@@ -174,14 +174,7 @@ class CheckRequestHandler:
         self.registrations = registrations
         self.keys = GroupKeys(producer_group)
         self._cluster = isinstance(client, RedisCluster)
-        self.heartbeat = Heartbeat(
-            client,
-            self.keys.producers,
-            self.keys.durability_levels,
-            instance_id,
-            settings.heartbeat_interval,
-            settings.durability,
-        )
+        self.heartbeat = Heartbeat.of_producer(client, self.keys, instance_id, settings)
         self._pool = ThreadPoolExecutor(settings.check_threads, thread_name_prefix=f"txmq-check-{producer_group}")
         self._in_hand: dict[str, Future[None]] = {}
         self._room = threading.Condition()

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
 
 from . import sentinel
 from .config import Settings
@@ -30,6 +30,8 @@ ASYNC_MAX_CONNECTIONS = 64
 """Connections of an asyncio client made from a URL; a call waits for one when all are busy."""
 
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+REDIRECTIONS: tuple[type[Exception], ...] = (MovedError, AskError, TryAgainError, ClusterDownError)
+"""Replies of a cluster node that send a call elsewhere (or later): the cluster client follows them."""
 """What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
 
 

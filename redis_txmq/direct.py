@@ -30,16 +30,12 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import (
-    AskError,
-    ClusterDownError,
-    MovedError,
     NoScriptError,
     RedisClusterException,
-    TryAgainError,
 )
 from redis.sentinel import SentinelConnectionPool
 
-from .connection import hiredis_packer
+from .connection import REDIRECTIONS, hiredis_packer
 from .durability import Durability
 from .errors import DurabilityError
 
@@ -51,8 +47,7 @@ ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
 _DIRECT_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool, SentinelConnectionPool)
 """Pools whose connections the lane makes its own of: behind Sentinel each asks the Sentinels for the master when
 it connects, and a demoted master's READONLY closes it (redis-py), so the lane's retry finds the new master."""
-_REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
-_FALL_BACK = (*_REDIRECTED, RedisClusterException, redis.ConnectionError, redis.TimeoutError)
+_FALL_BACK = (*REDIRECTIONS, RedisClusterException, redis.ConnectionError, redis.TimeoutError)
 """On a cluster, errors after which a call goes through redis-py's cluster client instead of a master's lane."""
 
 
@@ -166,9 +161,7 @@ class ScriptRunner:
         durability = self.durability
         if durability is None or durability.confirmed(waited):
             return
-        raise DurabilityError(
-            f"not confirmed as durable ({durability.level}): {durability.shortfall(waited)}", replies=replies
-        )
+        raise durability.error(waited, replies)
 
     def _exchange_one(
         self, conn: Any, script: Any, keys: Sequence[Any], args: Sequence[Any], sends: list[int]
@@ -309,7 +302,7 @@ class ScriptRunner:
                 part, confirmed = exc.replies, False
             for i, reply in zip(indexes, part, strict=True):
                 replies[i] = reply
-        unrouted.extend(i for i, reply in enumerate(replies) if isinstance(reply, _REDIRECTED))
+        unrouted.extend(i for i, reply in enumerate(replies) if isinstance(reply, REDIRECTIONS))
         for i in sorted(set(unrouted)):
             # one call through the cluster client, which follows redirections and refreshes its map;
             # every script is idempotent, so a call that did reach its master is not applied twice

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DurabilityError
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,13 @@ class Durability:
             return f"{reply} of {self.replicas} replica(s) confirmed it within {self.timeout:g} s"
         return f"the master did not fsync its append-only file within {self.timeout:g} s"
 
+    def error(self, confirmation: Any, replies: list[Any] | None = None) -> DurabilityError:
+        """The error of writes whose confirmation (the reply of :attr:`command`; None when none could be had)
+        fell short, carrying the scripts' ``replies``."""
+        return DurabilityError(
+            f"not confirmed as durable ({self.level}): {self.shortfall(confirmation)}", replies=replies
+        )
+
     def describe(self) -> str:
         if self.level == "replica":
             return f"replica (WAIT {self.replicas} replica{'s' if self.replicas > 1 else ''}, {self.timeout:g} s)"
@@ -87,8 +94,7 @@ class Durability:
         server reports, never on its name."""
         if self.level != "aof":
             return None
-        version = tuple(int(part) for part in str(info.get("redis_version", "0")).split(".")[:2] if part.isdigit())
-        if version < WAITAOF_SINCE:
+        if not has_waitaof(info):
             return (
                 f"durability 'aof' needs WAITAOF (Redis >= 7.2 or Valkey); this server reports redis_version "
                 f"{info.get('redis_version', 'unknown')}: use durability 'replica' or 'master'"
@@ -96,6 +102,12 @@ class Durability:
         if str(info.get("aof_enabled", "0")) != "1":
             return "durability 'aof' needs the append-only file: set `appendonly yes` on the server"
         return None
+
+
+def has_waitaof(info: dict[str, Any]) -> bool:
+    """Whether a server (its INFO server section) has WAITAOF: gated on the Redis protocol version it reports."""
+    version = tuple(int(part) for part in str(info.get("redis_version", "0")).split(".")[:2] if part.isdigit())
+    return version >= WAITAOF_SINCE
 
 
 def check_server(durability: Durability, address: str, info: dict[str, Any]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .config import Settings
+from .keys import CHECKER_INSTANCES, CHECKER_LEVELS, GroupKeys
 from .scripts import preload, register_script
 
 
@@ -21,6 +23,18 @@ class Heartbeat:
         self.instance_id = instance_id
         self.live_ms = int(interval * 3000)
         self.script = register_script(client, "heartbeat")
+
+    @classmethod
+    def of_producer(cls, client: Any, keys: GroupKeys, instance_id: str, settings: Settings) -> Heartbeat:
+        """A producer instance's, in its group's zset and level hash."""
+        interval, level = settings.heartbeat_interval, settings.durability
+        return cls(client, keys.producers, keys.durability_levels, instance_id, interval, level)
+
+    @classmethod
+    def of_checker(cls, client: Any, instance_id: str, settings: Settings) -> Heartbeat:
+        """A checker instance's, in the checkers' zset and level hash."""
+        interval, level = settings.heartbeat_interval, settings.durability
+        return cls(client, CHECKER_INSTANCES, CHECKER_LEVELS, instance_id, interval, level)
 
     def load(self) -> None:
         preload(self.script)

@@ -11,11 +11,11 @@ import logging
 from typing import Any
 
 import redis
-from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
+from redis.exceptions import NoScriptError
 
 from .. import protocol
 from ..config import Settings
-from ..connection import REDIS_ERRORS, is_async_cluster
+from ..connection import REDIRECTIONS, REDIS_ERRORS, is_async_cluster
 from ..durability import check_server
 from ..errors import DurabilityError, TxMQConnectionError, TxMQError
 from ..keys import TOPIC_REGISTRY, TopicKeys
@@ -26,8 +26,6 @@ from .lane import ScriptLane
 from .scripts import preload
 
 logger = logging.getLogger(__name__)
-
-_REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
 class AsyncRedisBroker:
@@ -72,16 +70,15 @@ class AsyncRedisBroker:
                     break
                 await self.client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
         except (*REDIS_ERRORS,) as exc:
-            if isinstance(exc, redis.ResponseError) and not isinstance(exc, _REDIRECTED):
+            if isinstance(exc, redis.ResponseError) and not isinstance(exc, REDIRECTIONS):
                 raise
             reply, confirmation = await script(keys=keys, args=args), None
-        if isinstance(reply, _REDIRECTED):
+        if isinstance(reply, REDIRECTIONS):
             reply, confirmation = await script(keys=keys, args=args), None
         if isinstance(reply, Exception):
             raise reply
         if not durability.confirmed(confirmation):
-            shortfall = f"not confirmed as durable ({durability.level}): {durability.shortfall(confirmation)}"
-            raise DurabilityError(shortfall, replies=[reply])
+            raise durability.error(confirmation, [reply])
         return reply
 
     async def load_scripts(self) -> None:
@@ -176,8 +173,7 @@ class AsyncRedisBroker:
                 if self.durability is not None:
                     confirmation = replies.pop()
                     if not self.durability.confirmed(confirmation):
-                        shortfall = f"not confirmed ({self.durability.shortfall(confirmation)})"
-                        protocol.batch_not_durable(len(ends), DurabilityError(shortfall))
+                        protocol.batch_not_durable(len(ends), self.durability.error(confirmation))
         except REDIS_ERRORS as exc:
             raise protocol.batch_error(len(ends), exc) from exc
         results = protocol.end_results(ends, replies)

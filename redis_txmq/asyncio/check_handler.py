@@ -53,14 +53,7 @@ class AsyncCheckRequestHandler:
         self.registrations = registrations
         self.keys = GroupKeys(producer_group)
         self._cluster = is_async_cluster(client)
-        self.heartbeat = Heartbeat(
-            client,
-            self.keys.producers,
-            self.keys.durability_levels,
-            instance_id,
-            settings.heartbeat_interval,
-            settings.durability,
-        )
+        self.heartbeat = Heartbeat.of_producer(client, self.keys, instance_id, settings)
         self._walk = TakeoverWalk(self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, instance_id, settings.claim_idle)
         self._workers = asyncio.Semaphore(settings.check_threads)
         self._in_hand: dict[str, asyncio.Task[None]] = {}

@@ -31,7 +31,6 @@ from redis.exceptions import NoScriptError
 
 from ..connection import hiredis_packer
 from ..durability import Durability
-from ..errors import DurabilityError
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
 _DIRECT_POOLS = (
@@ -100,16 +99,14 @@ class ScriptLane:
                     future.set_exception(asyncio.CancelledError())
             raise
         durability = self.durability
-        shortfall = None
-        if durability is not None and not durability.confirmed(confirmation):
-            shortfall = f"not confirmed as durable ({durability.level}): {durability.shortfall(confirmation)}"
+        unconfirmed = None if durability is None or durability.confirmed(confirmation) else durability
         for (*_, future), reply in zip(batch, replies, strict=True):
             if future.done():
                 continue
             if isinstance(reply, Exception):
                 future.set_exception(reply)
-            elif shortfall is not None:
-                future.set_exception(DurabilityError(shortfall, replies=[reply]))
+            elif unconfirmed is not None:
+                future.set_exception(unconfirmed.error(confirmation, [reply]))
             else:
                 future.set_result(reply)
 
