@@ -23,6 +23,7 @@ from redis_txmq import (
 )
 from redis_txmq.admin import status
 from redis_txmq.connection import connect
+from redis_txmq.keys import topic_stream_key
 
 SENDERS = 3
 SETTLE_SECONDS = 60.0
@@ -148,6 +149,15 @@ class Run:
         for thread in self.threads:
             thread.join(15)
         self.producer.shutdown()
+
+
+def appended(client: Any, topics: list[str]) -> collections.Counter[str]:
+    """Transaction id -> how many times it is in the topic streams (once, if all is well)."""
+    found: collections.Counter[str] = collections.Counter()
+    for topic in topics:
+        for _id, fields in client.xrange(topic_stream_key(topic)):
+            found[fields[b"transaction_id"].decode()] += 1
+    return found
 
 
 def judge(run: Run, appended: collections.Counter[str], durability: str, what: str) -> str:

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
 from redis_txmq import LocalTransactionState, Message, TransactionListener
 
 
@@ -36,6 +38,20 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def wait_through_errors(condition: Callable[[], Any], what: str, timeout: float) -> None:
+    """Poll ``condition`` every 0.1 s, a Redis error counting as "not yet" (a server restarting, a failover under
+    way); fail the test with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except redis.RedisError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def pending(client: Any, stream: str, group: str) -> int:

@@ -8,15 +8,16 @@ from __future__ import annotations
 import signal
 import subprocess
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from redis_txmq.embedded import free_port, server_binary, wait_for_ping
 
+from .helpers import wait_through_errors
 from .tls_fixture import Certificates, make_certificates, skip_without_tls
 
 SERVICE = "txmq"
@@ -164,16 +165,8 @@ class SentinelGroup:
 
         self.wait_until(synced, f"{count} replica(s) online on the master {master}")
 
-    def wait_until(self, condition: object, what: str) -> None:
-        deadline = time.monotonic() + DEADLINE_SECONDS
-        while time.monotonic() < deadline:
-            try:
-                if condition():  # type: ignore[operator]
-                    return
-            except redis.RedisError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+    def wait_until(self, condition: Callable[[], Any], what: str) -> None:
+        wait_through_errors(condition, what, DEADLINE_SECONDS)
 
     def kill_master(self) -> int:
         """SIGKILL the master, wait for the Sentinels to promote the replica, restart the killed server (empty) as

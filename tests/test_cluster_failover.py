@@ -5,7 +5,6 @@ the topic streams are then compared with ground truth as in the Sentinel tests (
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Iterator
 
@@ -17,7 +16,8 @@ from redis_txmq import Settings
 from redis_txmq.embedded import LocalCluster
 from redis_txmq.keys import topic_stream_key
 
-from .failover import Run, judge
+from .failover import Run, appended, judge
+from .helpers import wait_through_errors
 
 pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -50,18 +50,6 @@ def topic_on_each_master(client: RedisCluster) -> list[str]:
 def roles(port: int) -> str:
     with redis.Redis(port=port) as node:
         return str(node.info("replication")["role"])
-
-
-def wait_until(condition: object, what: str, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if condition():  # type: ignore[operator]
-                return
-        except redis.RedisError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def replica_of(cluster: LocalCluster, master_port: int) -> int:
@@ -97,28 +85,21 @@ def test_a_cluster_failover_loses_no_acknowledged_commit_at_durability_replica(
                 replica.execute_command("CLUSTER", "FAILOVER")
         else:
             cluster.kill(victim)
-        wait_until(lambda: roles(successor) == "master", f"the replica :{successor} to take over")
+        wait_through_errors(lambda: roles(successor) == "master", f"the replica :{successor} to take over", 60)
         if fault == "kill_master":
             cluster.restart(victim)
-        wait_until(lambda: in_sync(victim), f"the old master :{victim} to replicate :{successor}")
+        wait_through_errors(lambda: in_sync(victim), f"the old master :{victim} to replicate :{successor}", 60)
         recovered = time.monotonic() - began
         run.wait_for_acks(run.acked_count() + ACKED_AFTER, "after the failover")
         run.stop_sending.set()
 
-        def visible() -> collections.Counter[str]:
-            found: collections.Counter[str] = collections.Counter()
-            for topic in topics:
-                for _id, fields in client.xrange(topic_stream_key(topic)):
-                    found[fields[b"transaction_id"].decode()] += 1
-            return found
-
-        run.settle(client, lambda: set(visible()))
-        appended = visible()
+        run.settle(client, lambda: set(appended(client, topics)))
+        visible = appended(client, topics)
     finally:
         run.stop()
         client.close()
     what = f"cluster {fault}, durability {durability}, :{successor} took over :{victim} in {recovered:.1f} s"
-    report.append(judge(run, appended, durability, what))
+    report.append(judge(run, visible, durability, what))
 
 
 def test_the_asyncio_producer_confirms_on_the_master_that_ran_each_script(cluster: LocalCluster) -> None:

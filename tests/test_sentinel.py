@@ -9,7 +9,6 @@ level). At every level nothing is duplicated and nothing rolled back is visible.
 
 from __future__ import annotations
 
-import collections
 import json
 import time
 
@@ -28,7 +27,7 @@ from redis_txmq.cli import main
 from redis_txmq.connection import connect
 from redis_txmq.keys import topic_stream_key
 
-from .failover import Run, judge
+from .failover import Run, appended, judge
 from .sentinel_fixture import SentinelGroup
 
 pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -85,18 +84,14 @@ def test_a_failover_loses_no_acknowledged_commit_at_durability_replica(
         run.wait_for_acks(run.acked_count() + ACKED_AFTER, "after the failover")
         run.stop_sending.set()
 
-        def visible() -> collections.Counter[str]:
-            entries = client.xrange(topic_stream_key(TOPIC))
-            return collections.Counter(fields[b"transaction_id"].decode() for _id, fields in entries)
-
-        run.settle(client, lambda: set(visible()))
-        appended = visible()
+        run.settle(client, lambda: set(appended(client, [TOPIC])))
+        visible = appended(client, [TOPIC])
     finally:
         run.stop()
         client.close()
 
     what = f"sentinel {fault}, durability {durability}, new master :{new_master} serving after {recovered:.1f} s"
-    report.append(judge(run, appended, durability, what))
+    report.append(judge(run, visible, durability, what))
 
 
 def test_the_cli_and_spark_reach_the_master_through_the_sentinels(sentinel_group: SentinelGroup, spark) -> None:
