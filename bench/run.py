@@ -30,6 +30,8 @@ class BenchOptions:
     redis_url: str | None = None
     rounds: int = 60
     per_round: int = 200
+    cpu_per_round: int = 500
+    """Operations per block of the server-CPU rounds: enough for INFO cpu's resolution."""
     processes: list[int] = field(default_factory=lambda: [1, 2, 4])
     seconds: float = 2.0
     repeats: int = 3
@@ -44,6 +46,7 @@ class BenchOptions:
         values: dict[str, Any] = dict(
             rounds=4,
             per_round=50,
+            cpu_per_round=50,
             processes=[1, 2],
             seconds=0.3,
             repeats=1,
@@ -91,8 +94,9 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
         results["send"] = compare_send(client, options.rounds, options.per_round, lambda: progress.advance(task))
 
         task = progress.add_task("server CPU: XADD / sync / one-way rounds", total=options.rounds)
-        per_block = max(options.per_round, 500) if options.rounds > 4 else options.per_round
-        results["server_cpu"] = compare_server_cpu(client, options.rounds, per_block, lambda: progress.advance(task))
+        results["server_cpu"] = compare_server_cpu(
+            client, options.rounds, options.cpu_per_round, lambda: progress.advance(task)
+        )
 
         targets = {"standalone": (url, False)}
         if options.cluster:
