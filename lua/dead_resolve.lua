@@ -48,10 +48,10 @@ local dead = to_map(entries[1][2])
 if not dead['body'] or not dead['producer_group'] then
   return fail('CORRUPT', 'dead letter ' .. dead_id .. ' has no body or producer_group; inspect it with XRANGE')
 end
-redis.call('XDEL', dead_stream, dead_id)
-redis.call('HDEL', dead_index, txid)
 
 if action == 'RECHECK' then
+  redis.call('XDEL', dead_stream, dead_id)
+  redis.call('HDEL', dead_index, txid)
   local fields = {}
   local dead_only = {dead_reason = true, check_times = true, half_id = true, remark = true, dead_at_ms = true,
                      born_ms = true}
@@ -75,5 +75,10 @@ if action == 'RECHECK' then
 end
 
 local half_id = dead['half_id'] or '-'
-local committed_id = apply_outcome(txid, action, dead, half_id, 'operator', remark, now, window_ms, op_maxlen)
+local committed_id, refusal = apply_outcome(txid, action, dead, half_id, 'operator', remark, window_ms, op_maxlen)
+if not committed_id then
+  return refusal  -- the dead letter stays, to be resolved once the topic key is a stream again
+end
+redis.call('XDEL', dead_stream, dead_id)
+redis.call('HDEL', dead_index, txid)
 return {'OK', action, half_id, committed_id, 'APPLIED', ''}

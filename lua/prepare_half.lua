@@ -10,23 +10,23 @@
 -- ARGV[8] properties            JSON object of str -> str, '' for none
 -- ARGV[9] check_immunity_ms     the message's own check immunity, '' to use the checker's transaction_timeout
 -- Reply: {'OK', half_id, state, 'NEW' | 'DUPLICATE'} or {'ERR', code, detail}.
+-- One of the two calls of every send: no helper functions (see topic_keys.lua), seven commands on the common path.
+-- The topic key's type is checked when a process first sends to the topic (redis_txmq.protocol.refuse_topic_key),
+-- not here; the end refuses to commit onto a key of another type and keeps the transaction in flight.
 
 local txid, group, topic, partition = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if txid == '' or group == '' or topic == '' then
-  return fail('BADARG', 'transaction_id, producer_group and topic must not be empty')
+  return {'ERR', 'BADARG', 'transaction_id, producer_group and topic must not be empty'}
 end
-if not string.match(partition, '^%d+$') then
-  return fail('BADARG', 'partition must be a whole number, got ' .. partition)
+if not string.find(partition, '^%d+$') then
+  return {'ERR', 'BADARG', 'partition must be a whole number, got ' .. partition}
 end
 local immunity_ms = nil
 if ARGV[9] ~= '' then
-  immunity_ms = string.match(ARGV[9], '^%d+$') and tonumber(ARGV[9])
+  immunity_ms = string.find(ARGV[9], '^%d+$') and tonumber(ARGV[9])
   if not immunity_ms or immunity_ms <= 0 or immunity_ms > 9007199254740992 then
-    return fail('BADARG', 'check_immunity_ms must be a whole number of ms from 1 to 2^53, got ' .. ARGV[9])
+    return {'ERR', 'BADARG', 'check_immunity_ms must be a whole number of ms from 1 to 2^53, got ' .. ARGV[9]}
   end
-end
-if not is_stream_or_free(topic_stream) then
-  return fail('WRONGTYPE', 'the topic key ' .. topic_stream .. ' holds another type than a stream; pick another topic')
 end
 
 -- Idempotent: a retry after a lost reply finds the first half message.
@@ -36,14 +36,16 @@ if half_id then
 end
 local prior = redis.call('HGET', ended, txid)
 if prior then
-  local state, _, prior_half = split_ended(prior)
+  local state, _, prior_half = string.match(prior, '^([^|]+)|([^|]+)|([^|]+)')
   return {'OK', prior_half, state, 'DUPLICATE'}
 end
 if redis.call('HEXISTS', dead_index, txid) == 1 then
   return {'OK', '', 'DEAD', 'DUPLICATE'}
 end
 
-local now = now_ms()
+-- Times come from the Redis server, never from a client: clients' clocks skew.
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local fields = {'transaction_id', txid, 'producer_group', group, 'topic', topic, 'partition', partition,
                 'born_ms', string.format('%d', now), 'body', ARGV[5]}
 if ARGV[6] ~= '' then fields[#fields + 1] = 'keys'; fields[#fields + 1] = ARGV[6] end

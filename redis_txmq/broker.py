@@ -83,13 +83,15 @@ class RedisBroker:
         after Redis lost its data."""
         return frozenset(self._registered)
 
-    def register_topic(self, keys: TopicKeys) -> None:
-        """Add the topic stream to the registry the checker walks; once per process and stream."""
+    def register_topic(self, keys: TopicKeys, message: Message, transaction_id: str) -> None:
+        """Add the topic stream to the registry the checker walks, once per process and stream, after checking
+        that its key is free or a stream (the prepare script does not check it)."""
         stream = keys.topic_stream
         if stream in self._registered:
             return
         with self._registry_lock:
             if stream not in self._registered:
+                protocol.refuse_topic_key(self.client.type(stream), keys, message, transaction_id)
                 self.client.sadd(TOPIC_REGISTRY, stream)
                 self._registered.add(stream)
 
@@ -99,7 +101,7 @@ class RedisBroker:
         """Write the half message (``lua/prepare_half.lua``); safe to retry with the same transaction id."""
         args = protocol.prepare_args(message, transaction_id, producer_group, keys)
         try:
-            self.register_topic(keys)
+            self.register_topic(keys, message, transaction_id)
             reply = self.runner.run(self._prepare, keys.script_keys(), args)
         except DurabilityError as exc:
             protocol.prepare_result(exc.replies[0], message, transaction_id)  # a refusal says more than a shortfall

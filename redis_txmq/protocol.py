@@ -152,6 +152,19 @@ def batch_not_durable(count: int, exc: DurabilityError) -> None:
     )
 
 
+def refuse_topic_key(kind: Any, keys: TopicKeys, message: Message, transaction_id: str) -> None:
+    """Raise when the topic stream's key holds another type (``TYPE``'s reply ``kind``).
+
+    Checked when a process first sends to a topic stream, not in every prepare: the check cost each prepare a
+    call. A key turned into another type later is caught by the end, which keeps the transaction in flight."""
+    kind = entries.text(kind)
+    if kind not in ("stream", "none"):
+        raise PrepareError(
+            f"topic {message.topic!r}, transaction {transaction_id}: prepare refused: WRONGTYPE the topic key "
+            f"{keys.topic_stream} holds another type than a stream ({kind}); pick another topic or delete that key"
+        )
+
+
 def prepare_result(reply: Any, message: Message, transaction_id: str) -> PrepareResult:
     status, first, second, third = reply_strings(reply, 4)
     if status != "OK":

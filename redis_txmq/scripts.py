@@ -21,6 +21,10 @@ from .errors import TxMQError
 logger = logging.getLogger(__name__)
 
 TOPIC_PRELUDE = "topic_keys"
+TOPIC_LIB = "topic_lib"
+SELF_CONTAINED = frozenset({"prepare_half", "end_transaction"})
+"""Transaction scripts that bind the topic keys but define no helpers: the two calls of every send, where each
+closure a script makes on every call is measurable (``lua/topic_keys.lua``)."""
 CONSUMER_PRELUDE = "consumer_keys"
 
 
@@ -41,17 +45,16 @@ def script_source(name: str) -> str:
     raise TxMQError(f"Lua script {name}.lua not found (searched {searched}); reinstall redis-txmq")
 
 
-def register_script(client: Any, name: str, prelude: str | None = None) -> Any:
-    """A redis-py ``Script`` for ``lua/<name>.lua`` bound to ``client``, with its key-binding prelude in front."""
-    source = script_source(name)
-    if prelude is not None:
-        source = script_source(prelude) + "\n" + source
-    return client.register_script(source)
+def register_script(client: Any, name: str, *preludes: str) -> Any:
+    """A redis-py ``Script`` for ``lua/<name>.lua`` bound to ``client``, with its preludes in front."""
+    return client.register_script("\n".join(script_source(part) for part in (*preludes, name)))
 
 
 def register_topic_script(client: Any, name: str) -> Any:
     """A transaction script: KEYS are :meth:`redis_txmq.keys.TopicKeys.script_keys`."""
-    return register_script(client, name, TOPIC_PRELUDE)
+    if name in SELF_CONTAINED:
+        return register_script(client, name, TOPIC_PRELUDE)
+    return register_script(client, name, TOPIC_PRELUDE, TOPIC_LIB)
 
 
 def preload(*scripts: Any) -> None:

@@ -12,7 +12,13 @@ from checker import Checker
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, create_topic
 from redis_txmq.admin import dead_letters
 from redis_txmq.broker import DeadAction, EndSource, RedisBroker
-from redis_txmq.errors import ConfigurationError, TransactionDeadLetteredError, TransactionError, TxMQConnectionError
+from redis_txmq.errors import (
+    ConfigurationError,
+    CorruptEntryError,
+    TransactionDeadLetteredError,
+    TransactionError,
+    TxMQConnectionError,
+)
 from redis_txmq.groups import ensure_consumer_group, forget_dead_consumers
 from redis_txmq.keys import TOPIC_REGISTRY, TopicKeys
 
@@ -47,6 +53,25 @@ def test_recheck_is_idempotent_keeps_its_remark_and_in_flight_is_not_dead(client
     wait_until(lambda: dead_lettered(client, checker, "tx-1"))
     (row,) = dead_letters(client, "orders")
     assert row["remark"] == "operator: try again"
+
+
+def test_an_operator_commit_onto_a_key_of_another_type_keeps_the_dead_letter(client):
+    """``txmq dead commit`` while the topic key holds another type is refused and the dead letter stays, to be
+    committed once the key is a stream again: an operator's decision never drops a transaction."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1)
+    broker = RedisBroker(client, settings)
+    broker.load_scripts()
+    broker.prepare_half(KEYS, Message("orders", b"x"), "tx-1", "order_group")
+    checker = Checker(client, settings)
+    wait_until(lambda: dead_lettered(client, checker, "tx-1"))
+    client.set("orders", "someone else's value")
+    with pytest.raises(CorruptEntryError, match="another type"):
+        broker.resolve_dead(KEYS, "tx-1", DeadAction.COMMIT)
+    assert client.hexists(KEYS.dead_index, "tx-1") and client.xlen(KEYS.dead_stream) == 1
+    client.delete("orders")
+    assert broker.resolve_dead(KEYS, "tx-1", DeadAction.COMMIT).applied
+    assert [f[b"body"] for _, f in client.xrange("orders")] == [b"x"]
+    assert not client.hexists(KEYS.dead_index, "tx-1") and client.xlen(KEYS.dead_stream) == 0
 
 
 def test_a_late_end_of_a_dead_lettered_transaction_says_it_is_dead_lettered(client):

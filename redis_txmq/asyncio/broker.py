@@ -104,11 +104,12 @@ class AsyncRedisBroker:
     def registered_streams(self) -> frozenset[str]:
         return frozenset(self._registered)
 
-    async def register_topic(self, keys: TopicKeys) -> None:
-        """Add the topic stream to the registry the checker walks; once per process and stream (two sends racing
-        to register it both write it: the set does not mind)."""
+    async def register_topic(self, keys: TopicKeys, message: Message, transaction_id: str) -> None:
+        """Add the topic stream to the registry the checker walks, once per process and stream, after checking
+        that its key is free or a stream (two sends racing to register it both write it: the set does not mind)."""
         stream = keys.topic_stream
         if stream not in self._registered:
+            protocol.refuse_topic_key(await self.client.type(stream), keys, message, transaction_id)
             await self.client.sadd(TOPIC_REGISTRY, stream)
             self._registered.add(stream)
 
@@ -118,7 +119,7 @@ class AsyncRedisBroker:
         """Write the half message (``lua/prepare_half.lua``); safe to retry with the same transaction id."""
         args = protocol.prepare_args(message, transaction_id, producer_group, keys)
         try:
-            await self.register_topic(keys)
+            await self.register_topic(keys, message, transaction_id)
             reply = await self._run(self._prepare, keys, args)
         except DurabilityError as exc:
             protocol.prepare_result(exc.replies[0], message, transaction_id)  # a refusal says more than a shortfall
