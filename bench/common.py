@@ -83,3 +83,11 @@ def delete_groups(client: Any) -> None:
             client.delete(keys.check_requests)
             client.delete(keys.producers)
             client.srem(GROUP_REGISTRY, member)
+
+
+def server_cpu_seconds(client: Any) -> float:
+    """The server's CPU time so far: its main thread's where it reports it (Redis >= 7), else the process's."""
+    info = client.info("cpu")
+    if "used_cpu_user_main_thread" in info:
+        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])

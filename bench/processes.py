@@ -2,7 +2,9 @@
 
 A pool of worker processes (spawned once) runs one timed load per command: plain XADD, sync sends or one-way
 sends (the time includes the final ``flush()``), each process on its own topic. For every process count the
-three modes run back to back in a rotating order, ``repeats`` times, and the median rate of each is kept.
+three modes run back to back in a rotating order, ``repeats`` times, and the median rate of each is kept, with
+the share of the load's time the busiest server's main thread was on the CPU: near 100% the server is the
+limit, well below it the clients are.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from redis_txmq import LocalTransactionState, Message, TransactionProducer
-from redis_txmq.connection import connect
+from redis_txmq.connection import connect, server_nodes
 
-from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, spread
+from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, server_cpu_seconds, spread
 
 MODES = ("xadd", "sync", "oneway")
 
@@ -97,15 +99,20 @@ class WorkerPool:
         for process in self._processes:
             process.start()
 
-    def load(self, url: str, cluster: bool, mode: str, processes: int, seconds: float) -> tuple[float, bool]:
-        """Aggregate transactions (or XADDs) per second of ``processes`` workers; and whether each stored all."""
+    def load(
+        self, url: str, cluster: bool, mode: str, processes: int, seconds: float, servers: list[Any]
+    ) -> tuple[float, float, bool]:
+        """Aggregate transactions (or XADDs) per second of ``processes`` workers; the busiest of ``servers``' CPU
+        share over the load; and whether each worker stored all it sent."""
         start_at = time.time() + 0.3
+        cpu_before = [server_cpu_seconds(server) for server in servers]
         for commands in self._commands[:processes]:
             commands.put((url, cluster, mode, seconds, start_at))
         outcomes = [self._results.get(timeout=seconds + 120) for _ in range(processes)]
+        cpu = [server_cpu_seconds(server) - before for server, before in zip(servers, cpu_before, strict=True)]
         total = sum(sent for sent, _, _ in outcomes)
         longest = max(elapsed for _, elapsed, _ in outcomes)
-        return total / longest, all(ok for _, _, ok in outcomes)
+        return total / longest, max(cpu) / longest, all(ok for _, _, ok in outcomes)
 
     def close(self) -> None:
         """Stop the workers (they shut their producers down and delete their topics); safe to call twice."""
@@ -126,19 +133,35 @@ def producer_scaling(
     repeats: int,
     tick: Callable[[], None] = lambda: None,
 ) -> list[dict[str, Any]]:
-    """One row per (target, processes, mode): median tx/s over ``repeats`` interleaved runs."""
+    """One row per (target, processes, mode): median tx/s over ``repeats`` interleaved runs, and the median CPU
+    share of the busiest server's main thread over the load's own time."""
     rates: dict[tuple[str, int, str], list[float]] = {}
+    busy: dict[tuple[str, int, str], list[float]] = {}
+    clients = {name: connect(url, cluster=cluster) for name, (url, cluster) in targets.items()}
+    servers = {name: [node for _, node in server_nodes(client)] for name, client in clients.items()}
     complete = True
-    for repeat in range(repeats):
-        for name, (url, cluster) in targets.items():
-            for processes in process_counts:
-                order = MODES[repeat % 3 :] + MODES[: repeat % 3]
-                for mode in order:
-                    rate, stored_all = pool.load(url, cluster, mode, processes, seconds)
-                    complete = complete and stored_all
-                    rates.setdefault((name, processes, mode), []).append(rate)
-                    tick()
+    try:
+        for repeat in range(repeats):
+            for name, (url, cluster) in targets.items():
+                for processes in process_counts:
+                    order = MODES[repeat % 3 :] + MODES[: repeat % 3]
+                    for mode in order:
+                        rate, cpu_share, stored_all = pool.load(url, cluster, mode, processes, seconds, servers[name])
+                        complete = complete and stored_all
+                        rates.setdefault((name, processes, mode), []).append(rate)
+                        busy.setdefault((name, processes, mode), []).append(cpu_share)
+                        tick()
+    finally:
+        for client in clients.values():
+            client.close()
     return [
-        {"target": name, "processes": processes, "mode": mode, "per_s": spread(values)["median"], "complete": complete}
+        {
+            "target": name,
+            "processes": processes,
+            "mode": mode,
+            "per_s": spread(values)["median"],
+            "server_busy": spread(busy[(name, processes, mode)])["median"],
+            "complete": complete,
+        }
         for (name, processes, mode), values in rates.items()
     ]

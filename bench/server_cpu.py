@@ -13,19 +13,11 @@ from typing import Any
 
 from redis_txmq import LocalTransactionState, Message, TransactionProducer
 
-from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, spread
+from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, server_cpu_seconds, spread
 
 PLAIN = f"{TOPIC_PREFIX}cpu-plain"
 SYNC_TOPIC = f"{TOPIC_PREFIX}cpu-sync"
 ONEWAY_TOPIC = f"{TOPIC_PREFIX}cpu-oneway"
-
-
-def _cpu_seconds(client: Any) -> float:
-    """The server's CPU time so far: its main thread's where it reports it (Redis >= 7), else the process's."""
-    info = client.info("cpu")
-    if "used_cpu_user_main_thread" in info:
-        return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def _script_usec(client: Any) -> int:
@@ -67,9 +59,9 @@ def compare_server_cpu(
             order = runs[i % len(runs) :] + runs[: i % len(runs)]
             for name, run in order:
                 usec_before = _script_usec(client)
-                before = _cpu_seconds(client)
+                before = server_cpu_seconds(client)
                 run()
-                cpu[name].append((_cpu_seconds(client) - before) * 1e6 / per_round)
+                cpu[name].append((server_cpu_seconds(client) - before) * 1e6 / per_round)
                 if name in script_usec:
                     script_usec[name].append((_script_usec(client) - usec_before) / per_round)
             tick()

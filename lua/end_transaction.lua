@@ -17,7 +17,7 @@
 -- One of the two calls of every send: no helper functions (see topic_keys.lua); the steps of apply_outcome and
 -- retire in topic_lib.lua (which dead_resolve and the checker's scripts use) are written out here: keep them in
 -- step. Nine commands on the common path: no TIME (the op record's id is the server's time) and no sweep of
--- expired outcomes but in one call of 16.
+-- expired outcomes but in one call of ten.
 
 local txid, group, outcome, source, remark = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local window_ms, op_maxlen, expected_half = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
@@ -97,15 +97,16 @@ end
 local op_id = redis.call('XADD', op_stream, 'MAXLEN', '~', op_maxlen, '*',
   'transaction_id', txid, 'outcome', outcome, 'half_id', half_id, 'committed_id', committed_id,
   'source', source, 'remark', remark)
--- Remember the outcome for the dedupe window, so a repeated end gets the first answer; in one call of 16 (by the
--- server's clock) forget, in one batch, what has passed the window (topic_lib.lua's expire_ended).
+-- Remember the outcome for the dedupe window, so a repeated end gets the first answer; in the calls whose time
+-- ends in 0 ms (one in ten, by the server's clock) forget, in one batch, what has passed the window (topic_lib.lua's
+-- expire_ended). The time stays text on the common path: a Lua number would go through printf and strtod.
 if window_ms > 0 then
-  local now = tonumber(string.match(op_id, '^%d+'))
+  local now = string.match(op_id, '^%d+')
   redis.call('HSET', ended, txid, outcome .. '|' .. (committed_id ~= '' and committed_id or '-') .. '|' .. half_id
     .. '|' .. group)
   redis.call('ZADD', ended_at, now, txid)
-  if now % 16 == 0 then
-    local cutoff = string.format('%d', now - window_ms)
+  if string.byte(now, -1) == 48 then
+    local cutoff = string.format('%d', tonumber(now) - window_ms)
     local old = redis.call('ZRANGEBYSCORE', ended_at, '-inf', '(' .. cutoff, 'LIMIT', 0, 256)
     if #old > 0 then
       redis.call('HDEL', ended, unpack(old))

@@ -43,11 +43,12 @@ if redis.call('HEXISTS', dead_index, txid) == 1 then
   return {'OK', '', 'DEAD', 'DUPLICATE'}
 end
 
--- Times come from the Redis server, never from a client: clients' clocks skew.
+-- Times come from the Redis server, never from a client: clients' clocks skew. The milliseconds are put together
+-- as text: a Lua number would go through printf and strtod on its way to the XADD and the ZADD.
 local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local born_ms = time[1] .. string.sub(string.rep('0', 6 - #time[2]) .. time[2], 1, 3)
 local fields = {'transaction_id', txid, 'producer_group', group, 'topic', topic, 'partition', partition,
-                'born_ms', string.format('%d', now), 'body', ARGV[5]}
+                'born_ms', born_ms, 'body', ARGV[5]}
 if ARGV[6] ~= '' then fields[#fields + 1] = 'keys'; fields[#fields + 1] = ARGV[6] end
 if ARGV[7] ~= '' then fields[#fields + 1] = 'tags'; fields[#fields + 1] = ARGV[7] end
 if ARGV[8] ~= '' then fields[#fields + 1] = 'properties'; fields[#fields + 1] = ARGV[8] end
@@ -59,8 +60,8 @@ end
 half_id = redis.call('XADD', half_stream, '*', unpack(fields))
 redis.call('HSET', inflight, txid, half_id)
 if immunity_ms then
-  redis.call('ZADD', due, now + immunity_ms, txid)
+  redis.call('ZADD', due, string.format('%d', tonumber(born_ms) + immunity_ms), txid)
 else
-  redis.call('ZADD', unchecked, now, txid)
+  redis.call('ZADD', unchecked, born_ms, txid)
 end
 return {'OK', half_id, 'PREPARED', 'NEW'}

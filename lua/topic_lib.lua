@@ -30,7 +30,7 @@ local function split_ended(value)
 end
 
 -- Forget ended transactions whose dedupe window has passed, at most `limit` of them, their remarks, and the op
--- records as old: once the window has passed, a finished transaction holds no memory. One end call in 16 forgets
+-- records as old: once the window has passed, a finished transaction holds no memory. One end call in ten forgets
 -- up to 256 (keeping up with the end rate in batches: a sweep per end would cost each end four more calls);
 -- the checker's rounds forget the rest when traffic stops.
 local function expire_ended(now, window_ms, limit)
@@ -108,7 +108,7 @@ local function apply_outcome(txid, outcome, half, half_id, source, remark, windo
     local committed = committed_id ~= '' and committed_id or '-'
     redis.call('HSET', ended, txid, outcome .. '|' .. committed .. '|' .. half_id .. '|' .. half['producer_group'])
     redis.call('ZADD', ended_at, now, txid)
-    if now % 16 == 0 then
+    if now % 10 == 0 then
       expire_ended(now, window_ms, 256)
     end
   end

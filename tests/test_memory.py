@@ -60,7 +60,7 @@ def test_later_ends_forget_earlier_outcomes_and_in_flight_ones_are_kept(client, 
         first_ids = {r.transaction_id for r in first}
 
         def forgotten() -> bool:
-            # one end in 16, by the server's clock, forgets what has expired, in one batch
+            # one end in ten, by the server's clock, forgets what has expired, in one batch
             producer.send_message_in_transaction(Message("orders", b"z"), COMMIT)
             return not first_ids & {k.decode() for k in client.hkeys(KEYS.ended)}
 

@@ -196,7 +196,7 @@ def test_outcome_forgotten_after_dedupe_window(client, producer):
     client.hset(KEYS.remarks, result.transaction_id, "a remark left by an UNKNOWN before the commit")
 
     def forgotten() -> bool:
-        # one end in 16 (by the server's clock) forgets expired outcomes, in a batch
+        # one end in ten (by the server's clock) forgets expired outcomes, in a batch
         producer.send_message_in_transaction(Message("orders", b"y"), ROLLBACK)
         return not client.hexists(KEYS.ended, result.transaction_id)
 
