@@ -28,6 +28,7 @@ from redis_txmq.connection import instance_id as new_instance_id
 from redis_txmq.errors import TransactionError, TxMQConnectionError, TxMQError
 from redis_txmq.groups import CURSOR_START, Backoff, PendingTakeover, ensure_consumer_group, is_missing_group
 from redis_txmq.heartbeat import Heartbeat
+from redis_txmq.jobs import settle_jobs
 from redis_txmq.keys import (
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
@@ -199,6 +200,7 @@ class Checker:
                     keys.topic_stream,
                     exc,
                 )
+        self._guarded("write jobs", lambda: settle_jobs(self.client, self.settings))
         if time.monotonic() >= self._next_sweep:
             stats.dead_lettered += self._sweep(topics)
             self._next_sweep = time.monotonic() + self.sweep_interval
@@ -221,9 +223,37 @@ class Checker:
             if batch == SCAN_BATCHES - 1:
                 stats.more_due = True
 
+    def _settle_decided(self, keys: TopicKeys, due: list[DueCheck]) -> list[DueCheck]:
+        """End the messages of transactions of several messages whose decision is written (their producer died
+        before ending them all) without asking anybody; returns the claimed transactions left to ask about."""
+        parents = sorted({check.parent_transaction_id for check in due if check.parent_transaction_id})
+        if not parents:
+            return due
+        decided = self.broker.decisions(parents)
+        ends = [
+            EndCall(
+                keys,
+                check.transaction_id,
+                check.producer_group,
+                decided[check.parent_transaction_id],
+                EndSource.CHECKER,
+                remark=f"decided with transaction {check.parent_transaction_id}",
+                half_id=check.half_id,
+            )
+            for check in due
+            if check.parent_transaction_id in decided
+        ]
+        if ends:
+            for end, result in zip(ends, self.broker.end_transactions(ends), strict=True):
+                if self._account(end, result):
+                    logger.info("tx=%s topic=%s ended with its transaction's decision", end.transaction_id, keys.topic)
+        return [check for check in due if check.parent_transaction_id not in decided]
+
     def _send_requests(self, keys: TopicKeys, due: list[DueCheck]) -> int:
         """Send one check request per claimed transaction, replacing the one still pending from its last check (at
-        most one request per transaction, however long its group has no live producer), then index them."""
+        most one request per transaction, however long its group has no live producer), then index them. A
+        message of a transaction of several whose decision is written is ended with it instead."""
+        due = self._settle_decided(keys, due)
         if not due:
             return 0
         requested_ms = str(int(time.time() * 1000)).encode()
@@ -383,6 +413,15 @@ class Checker:
             return None
         self.metrics.replies.labels(state.value).inc()
         self._observe_latency(fields)
+        parent = text(fields.get(entries.PARENT_TRANSACTION_ID))
+        if parent and state is not LocalTransactionState.UNKNOWN:
+            # every message of the transaction follows its first decision, whatever later answers say; a
+            # connection error raises (the answer stays pending), a refused decision skips the answer
+            try:
+                state, _ = self.broker.decide(parent, group, state, EndSource.CHECKER)
+            except TransactionError as exc:
+                logger.error("tx=%s check answer %s skipped: %s", txid, state.value, exc)
+                return None
         return EndCall(
             keys,
             txid,

@@ -9,6 +9,8 @@
 -- ARGV[7] tags                  tag, '' for none
 -- ARGV[8] properties            JSON object of str -> str, '' for none
 -- ARGV[9] check_immunity_ms     the message's own check immunity, '' to use the checker's transaction_timeout
+-- ARGV[10] parent_transaction_id  for one message of a transaction of several: that transaction's id (its
+--                                 decision: decide_transaction.lua); '' or absent for a transaction of one message
 -- Reply: {'OK', half_id, state, 'NEW' | 'DUPLICATE'} or {'ERR', code, detail}.
 -- One of the two calls of every send: no helper functions (see topic_keys.lua), seven commands on the common path.
 -- The topic key's type is checked when a process first sends to the topic (redis_txmq.protocol.refuse_topic_key),
@@ -52,6 +54,9 @@ local fields = {'transaction_id', txid, 'producer_group', group, 'topic', topic,
 if ARGV[6] ~= '' then fields[#fields + 1] = 'keys'; fields[#fields + 1] = ARGV[6] end
 if ARGV[7] ~= '' then fields[#fields + 1] = 'tags'; fields[#fields + 1] = ARGV[7] end
 if ARGV[8] ~= '' then fields[#fields + 1] = 'properties'; fields[#fields + 1] = ARGV[8] end
+if ARGV[10] and ARGV[10] ~= '' then
+  fields[#fields + 1] = 'parent_transaction_id'; fields[#fields + 1] = ARGV[10]
+end
 if immunity_ms then
   fields[#fields + 1] = 'check_immunity_ms'
   fields[#fields + 1] = string.format('%d', immunity_ms)

@@ -17,7 +17,7 @@ from .connection import REDIS_ERRORS, server_info, server_nodes
 from .direct import ScriptRunner
 from .durability import check_server
 from .errors import DurabilityError, TxMQConnectionError, TxMQError
-from .keys import TOPIC_REGISTRY, TopicKeys
+from .keys import TOPIC_REGISTRY, TopicKeys, decision_key
 from .message import LocalTransactionState, Message
 from .protocol import (
     ClaimResult,
@@ -28,7 +28,7 @@ from .protocol import (
     EndSource,
     PrepareResult,
 )
-from .scripts import preload, register_topic_script
+from .scripts import preload, register_script, register_topic_script
 
 __all__ = ["ClaimResult", "DeadAction", "DueCheck", "EndCall", "EndResult", "EndSource", "PrepareResult", "RedisBroker"]
 """The result types live in :mod:`redis_txmq.protocol`; they are importable from here too."""
@@ -48,6 +48,7 @@ class RedisBroker:
         self._sweep_half = register_topic_script(client, "sweep_half")
         self._dead_resolve = register_topic_script(client, "dead_resolve")
         self._note_requests = register_topic_script(client, "note_requests")
+        self._decide = register_script(client, "decide_transaction")
         self._registered: set[str] = set()
         self._registry_lock = threading.Lock()
         self.durability = self.settings.durability_level()
@@ -61,7 +62,13 @@ class RedisBroker:
         """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
         try:
             preload(
-                self._prepare, self._end, self._claim_checks, self._sweep_half, self._dead_resolve, self._note_requests
+                self._prepare,
+                self._end,
+                self._claim_checks,
+                self._sweep_half,
+                self._dead_resolve,
+                self._note_requests,
+                self._decide,
             )
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
@@ -96,10 +103,15 @@ class RedisBroker:
                 self._registered.add(stream)
 
     def prepare_half(
-        self, keys: TopicKeys, message: Message, transaction_id: str, producer_group: str
+        self,
+        keys: TopicKeys,
+        message: Message,
+        transaction_id: str,
+        producer_group: str,
+        parent_transaction_id: str = "",
     ) -> PrepareResult:
         """Write the half message (``lua/prepare_half.lua``); safe to retry with the same transaction id."""
-        args = protocol.prepare_args(message, transaction_id, producer_group, keys)
+        args = protocol.prepare_args(message, transaction_id, producer_group, keys, parent_transaction_id)
         try:
             self.register_topic(keys, message, transaction_id)
             reply = self.runner.run(self._prepare, keys.script_keys(), args)
@@ -134,6 +146,33 @@ class RedisBroker:
         if result.check_request:
             self.drop_check_requests([(producer_group, result.check_request)])
         return result
+
+    def decide(
+        self, transaction_id: str, producer_group: str, outcome: LocalTransactionState, source: EndSource
+    ) -> tuple[LocalTransactionState, bool]:
+        """Write the decision of a transaction of several messages once (``lua/decide_transaction.lua``); returns
+        the decision that stands and whether this call made it."""
+        args = protocol.decide_args(transaction_id, producer_group, outcome, source, self.settings)
+        try:
+            reply = self.runner.run(self._decide, [decision_key(transaction_id)], args)
+        except DurabilityError as exc:
+            protocol.decide_result(exc.replies[0], transaction_id)
+            raise
+        except REDIS_ERRORS as exc:
+            raise TxMQConnectionError(
+                f"transaction {transaction_id}: the decision could not be written ({exc})"
+            ) from exc
+        return protocol.decide_result(reply, transaction_id)
+
+    def decisions(self, transaction_ids: list[str]) -> dict[str, LocalTransactionState]:
+        """The decisions written for these transactions of several messages (undecided ones are absent)."""
+        if not transaction_ids:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for transaction_id in transaction_ids:
+            pipe.hget(decision_key(transaction_id), "outcome")
+        outcomes = pipe.execute()
+        return protocol.decided(transaction_ids, outcomes)
 
     def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:
         """Apply many ends in one pipeline (a one-way producer's flusher, a checker's batch of answers); each

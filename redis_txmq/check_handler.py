@@ -61,9 +61,14 @@ class CheckRequest:
     producer_group: str
     request_id: str
     message: Message
+    """What the listener checks: for a message of a transaction of several, ``transaction_id`` is that
+    transaction's id (the one stored with the local transaction's data), not the message's own."""
     stream: str
     half_id: str
     requested_ms: bytes
+    transaction_id: str
+    """The half message's own transaction id: what the answer ends."""
+    parent_transaction_id: str = ""
 
     @classmethod
     def parse(cls, producer_group: str, request_id: str, raw: Any) -> CheckRequest:
@@ -75,7 +80,12 @@ class CheckRequest:
         if not stream or not half_id:
             raise CorruptEntryError(f"{where}: missing field(s) stream / half_id")
         message.prepared_at = time_of_entry_id(half_id)
-        return cls(producer_group, request_id, message, stream, half_id, fields.get(entries.REQUESTED_MS, b""))
+        own_id = message.transaction_id or ""
+        parent = entries.text(fields.get(entries.PARENT_TRANSACTION_ID)) or ""
+        if parent:
+            message.transaction_id = parent
+        requested_ms = fields.get(entries.REQUESTED_MS, b"")
+        return cls(producer_group, request_id, message, stream, half_id, requested_ms, own_id, parent)
 
     def span(self) -> Any:
         """The ``check <topic>`` span of answering this request, linked to the send (a no-op when tracing is off)."""
@@ -93,7 +103,8 @@ class CheckRequest:
         return {
             entries.STREAM: self.stream,
             entries.TOPIC: self.message.topic,
-            entries.TRANSACTION_ID: self.message.transaction_id or "",
+            entries.TRANSACTION_ID: self.transaction_id,
+            entries.PARENT_TRANSACTION_ID: self.parent_transaction_id,
             entries.PRODUCER_GROUP: self.producer_group,
             entries.HALF_ID: self.half_id,
             entries.STATE: state.value,

@@ -36,6 +36,9 @@ class Settings:
     pipelines of at most ``end_batch_size``, waiting at most ``end_batch_delay`` seconds to fill one; a send
     waits while ``end_queue_size`` ends are queued (back-pressure instead of unbounded memory).
 
+    A transaction of several messages (``tx.send``, ``send_messages_in_transaction``) holds at most
+    ``max_transaction_messages`` of them.
+
     Durability (:mod:`redis_txmq.durability`): ``master`` acknowledges a prepare or an end once the master applied
     it; ``replica`` once ``durability_replicas`` replicas have it; ``aof`` once the master fsynced it to its
     append-only file; each waits at most ``durability_timeout`` seconds.
@@ -60,6 +63,7 @@ class Settings:
     durability: str = "master"
     durability_replicas: int = 1
     durability_timeout: float = 1.0
+    max_transaction_messages: int = 1000
 
     def __post_init__(self) -> None:
         positive = ("check_interval", "max_age", "heartbeat_interval", "claim_idle")
@@ -70,7 +74,14 @@ class Settings:
             raise ConfigurationError(f"end_batch_delay must be from 0 to 10 seconds, got {self.end_batch_delay}")
         if self.transaction_timeout < 0:
             raise ConfigurationError(f"transaction_timeout must be >= 0 seconds, got {self.transaction_timeout}")
-        for name in ("check_max", "check_threads", "check_queue_size", "end_batch_size", "end_queue_size"):
+        for name in (
+            "check_max",
+            "check_threads",
+            "check_queue_size",
+            "end_batch_size",
+            "end_queue_size",
+            "max_transaction_messages",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_message_size < 1:

@@ -3,7 +3,8 @@
 Topic stream entries (what any consumer reads; documented in the README):
 ``transaction_id``, ``body`` (bytes, unchanged), and when set ``keys`` (space-separated), ``tags`` and
 ``properties`` (a JSON object of strings). Half stream entries carry the same plus ``producer_group``,
-``topic``, ``partition``, ``born_ms`` and, when the message has its own, ``check_immunity_ms``.
+``topic``, ``partition``, ``born_ms``, when the message has its own ``check_immunity_ms`` and, for one message of
+a transaction of several, ``parent_transaction_id``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ TOPIC = "topic"
 PARTITION = "partition"
 BORN_MS = "born_ms"
 CHECK_IMMUNITY_MS = "check_immunity_ms"
+PARENT_TRANSACTION_ID = "parent_transaction_id"
+"""On each half message of a transaction of several messages: that transaction's id (the id of its decision)."""
 
 # check requests (checker -> producers of a group) carry the half message's fields plus these
 STREAM = "stream"
@@ -55,10 +58,12 @@ def encode_properties(properties: Mapping[str, str] | None) -> str:
     return json.dumps(properties, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
-def prepare_args(message: Message, transaction_id: str, producer_group: str, partition: int) -> list[Any]:
+def prepare_args(
+    message: Message, transaction_id: str, producer_group: str, partition: int, parent_transaction_id: str = ""
+) -> list[Any]:
     """ARGV of ``lua/prepare_half.lua`` for a validated message."""
     immunity = message.check_immunity_seconds
-    return [
+    args = [
         transaction_id,
         producer_group,
         message.topic,
@@ -69,6 +74,9 @@ def prepare_args(message: Message, transaction_id: str, producer_group: str, par
         encode_properties(message.properties),
         "" if immunity is None else int(immunity * 1000) or 1,
     ]
+    if parent_transaction_id:
+        args.append(parent_transaction_id)
+    return args
 
 
 def field_map(raw: dict[Any, Any] | list[Any]) -> dict[str, bytes]:

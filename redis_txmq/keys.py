@@ -30,6 +30,12 @@ key                                   type    holds
 ``txmq:checkers``                     zset    checker instance -> last heartbeat (ms, server clock)
 ``txmq:group:{G}:durability``         hash    producer instance -> durability level (``txmq status``)
 ``{txmq:checkers}:durability``        hash    checker instance -> durability level (slot of ``txmq:checkers``)
+``txmq:decision:{X}``                 hash    the decision of transaction X of several messages (its own slot)
+``txmq:{S}:stage:<J>:<a>``            stream  rows of attempt a of a write job J for stream S, invisible until J commits
+``txmq:job:{J}`` / ``:stages``        hash    write job J's decision (outcome, stages committed) / set: its stages
+``txmq:job:{K}:<b>`` / ``:stages``    hash    the same for micro-batch b of streaming sink K
+``txmq:sink:{K}``                     hash    streaming sink K: ``last_batch``, the last micro-batch it committed
+``txmq:jobs``                         zset    write jobs not settled yet -> start time (ms): the checker ends them
 ====================================  ======  ==========================================================
 
 The Lua scripts that change a transaction receive :meth:`TopicKeys.script_keys` as KEYS, in that
@@ -188,3 +194,67 @@ def topic_keys_of_stream(stream: str) -> TopicKeys:
     if not separator:
         return TopicKeys(topic)
     return TopicKeys(topic, int(partition), partitioned=True)
+
+
+def decision_key(transaction_id: str) -> str:
+    """The decision of a transaction of several messages: in the hash slot of its id, apart from every topic."""
+    return f"{PREFIX}:decision:{{{transaction_id}}}"
+
+
+JOB_REGISTRY = f"{PREFIX}:jobs"
+"""Write jobs not settled yet (decision key -> start time in ms); the checker settles those their driver left."""
+
+
+def stage_key(stream: str, job_id: str, attempt: str) -> str:
+    """The rows a write job's task attempt wrote for topic stream ``stream``: in the stream's slot, so that one
+    script call moves a chunk of them into it."""
+    return f"{PREFIX}:{{{stream}}}:stage:{job_id}:{attempt}"
+
+
+def stream_of_stage(stage: str) -> str:
+    """The topic stream a stage key was written for (the inverse of :func:`stage_key`)."""
+    if not stage.startswith(f"{PREFIX}:{{") or "}:stage:" not in stage:
+        raise ValueError(f"not a stage key: {stage!r}")
+    return stage[len(PREFIX) + 2 : stage.index("}:stage:")]
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The keys of a write job (a Spark batch write, or one micro-batch of a streaming sink): its decision and the
+    set of stages its tasks wrote, in one slot; for a sink, the slot of the sink, whose last committed micro-batch
+    is updated in the same script call as the decision."""
+
+    job_id: str
+    sink_id: str = ""
+    batch_id: int = -1
+
+    @classmethod
+    def of_batch(cls, sink_id: str, batch_id: int) -> JobKeys:
+        return cls(f"{validate_name(sink_id, 'sinkId')}.{batch_id}", sink_id, batch_id)
+
+    @cached_property
+    def decision(self) -> str:
+        if self.sink_id:
+            return f"{PREFIX}:job:{{{self.sink_id}}}:{self.batch_id}"
+        return f"{PREFIX}:job:{{{self.job_id}}}"
+
+    @cached_property
+    def stages(self) -> str:
+        return f"{self.decision}:stages"
+
+    @cached_property
+    def sink(self) -> str:
+        """The sink's hash (``last_batch``); '' for a batch job."""
+        return f"{PREFIX}:sink:{{{self.sink_id}}}" if self.sink_id else ""
+
+    @classmethod
+    def of_decision(cls, decision: str) -> JobKeys:
+        """The keys of a job from its decision key (as the job registry holds it)."""
+        prefix = f"{PREFIX}:job:{{"
+        if not decision.startswith(prefix) or "}" not in decision:
+            raise ValueError(f"not a job decision key: {decision!r}")
+        tag, _, rest = decision[len(prefix) :].partition("}")
+        if not rest:
+            return cls(tag)
+        batch = int(rest.lstrip(":"))
+        return cls(f"{tag}.{batch}", tag, batch)

@@ -14,6 +14,7 @@ from .check_handler import CheckRequestHandler, Registrations
 from .config import Settings
 from .connection import REDIS_ERRORS, instance_id, resolve_client
 from .errors import (
+    InvalidMessageError,
     ProducerStateError,
     TxMQConnectionError,
     TxMQError,
@@ -26,9 +27,18 @@ from .message import (
     validate_name,
 )
 from .oneway import EndFlusher
-from .sending import CheckerListener, InFlight, listener_of, new_send, routing_error
+from .protocol import EndSource
+from .sending import (
+    CheckerListener,
+    InFlight,
+    ManyState,
+    decision_differs,
+    listener_of,
+    new_send,
+    routing_error,
+)
 from .topics import PartitionRouter
-from .transaction import Transaction
+from .transaction import Transaction, TransactionOfMany
 
 logger = logging.getLogger(__name__)
 
@@ -161,30 +171,84 @@ class TransactionProducer:
         )
         return self._end(tx, state, remark)
 
-    def transaction(self, message: Message) -> Transaction:
+    def send_messages_in_transaction(self, messages: list[Message], arg: Any = None) -> list[TransactionSendResult]:
+        """Several messages, possibly on several topics, in one transaction: all become visible, each once, or
+        none. Their half messages are written first (:class:`PrepareError`: the local transaction did not run,
+        and those written are rolled back), then the listener runs once with the first message carrying the
+        transaction's id; the check-back asks about that id. Returns one result per message, in order."""
+        if not messages:
+            raise InvalidMessageError(f"producer group {self.producer_group!r}: no messages to send")
+        if isinstance(self.listener, CheckerListener):
+            self.listener.execute_local_transaction(messages[0], arg)
+        with TransactionOfMany(self) as tx:
+            for message in messages:
+                tx.send(message)
+            first = tx.state.listener_message()
+            state, remark = local_state(
+                lambda: self.listener.execute_local_transaction(first, arg), first, "local transaction"
+            )
+            tx.end(state, remark)
+        return tx.results
+
+    def transaction(self, message: Message | None = None) -> Transaction | TransactionOfMany:
         """A transaction handle: ``with producer.transaction(message) as tx:`` writes the half message, the block
         is the local transaction (store ``tx.transaction_id`` with its data), and leaving it commits — or rolls
         back when the block raised. The check-back asks the listener's ``check_local_transaction`` (or ``checker``).
+
+        Without a message, the transaction holds the messages the block sends with ``tx.send(message)`` (each
+        half message is written by that call, before the local transaction commits): all of them become visible
+        at the end, each once, or none does.
         """
+        if message is None:
+            return TransactionOfMany(self)
         return Transaction(self, message)
 
-    def _prepare(self, message: Message) -> InFlight:
+    def _prepare(self, message: Message, of: ManyState | None = None) -> InFlight:
         if self._state != _State.RUNNING:
             raise ProducerStateError(
                 f"producer group {self.producer_group!r}: call start() (or use `with`) before sending"
             )
-        sent = new_send(self.producer_group, message, self.settings.max_message_size)
+        if of is None:
+            sent = new_send(self.producer_group, message, self.settings.max_message_size)
+        else:
+            sent = of.next_send(message, self.settings.max_message_size)
         trace = tracing.start_send(sent, self.producer_group)
         try:
             try:
                 keys = self._router.keys_for(sent)
             except REDIS_ERRORS as exc:
                 raise routing_error(sent, exc) from exc
-            prepared = self.broker.prepare_half(keys, sent, sent.transaction_id or "", self.producer_group)
-            return InFlight.of(prepared, keys, sent, self.producer_group, trace)
+            prepared = self.broker.prepare_half(
+                keys, sent, sent.transaction_id or "", self.producer_group, of.transaction_id if of else ""
+            )
+            in_flight = InFlight.of(prepared, keys, sent, self.producer_group, trace)
         except BaseException as exc:
             tracing.finish_send(trace, None, exc)
             raise
+        if of is not None:
+            of.parts.append(in_flight)
+        return in_flight
+
+    def _end_many(
+        self, many: ManyState, state: LocalTransactionState, remark: str | None
+    ) -> list[TransactionSendResult]:
+        """Decide once, then end every half message with the decision in one pipeline. A decision that cannot be
+        written leaves every message in flight: the check-back asks about the transaction's id."""
+        ended: Any = None
+        if state is not LocalTransactionState.UNKNOWN and many.parts:
+            try:
+                decided, _ = self.broker.decide(many.transaction_id, self.producer_group, state, EndSource.PRODUCER)
+                if decided is not state:
+                    decision_differs(many.transaction_id, state, decided)
+                    state = decided
+                ended = self.broker.end_transactions(many.end_calls(state, remark))
+            except TxMQError as exc:
+                ended = exc
+        results = many.finish(state, remark, ended)
+        for part, result in zip(many.parts, results, strict=True):
+            if part.trace is not None:
+                tracing.finish_send(part.trace, result)
+        return results
 
     def _end(self, tx: InFlight, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
         if tx.trace is None:

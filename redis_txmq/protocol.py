@@ -90,6 +90,11 @@ class DueCheck:
     def producer_group(self) -> str:
         return entries.text(self.fields.get(entries.PRODUCER_GROUP)) or ""
 
+    @property
+    def parent_transaction_id(self) -> str:
+        """The transaction of several messages this one belongs to ('' for a transaction of one message)."""
+        return entries.text(self.fields.get(entries.PARENT_TRANSACTION_ID)) or ""
+
 
 @dataclass(frozen=True)
 class ClaimResult:
@@ -116,9 +121,43 @@ ERRORS: dict[str, tuple[type[TransactionError], str]] = {
 }
 
 
-def prepare_args(message: Message, transaction_id: str, producer_group: str, keys: TopicKeys) -> list[Any]:
+def prepare_args(
+    message: Message, transaction_id: str, producer_group: str, keys: TopicKeys, parent_transaction_id: str = ""
+) -> list[Any]:
     """ARGV of ``lua/prepare_half.lua``."""
-    return entries.prepare_args(message, transaction_id, producer_group, keys.partition)
+    return entries.prepare_args(message, transaction_id, producer_group, keys.partition, parent_transaction_id)
+
+
+def decide_args(
+    transaction_id: str, producer_group: str, outcome: Any, source: EndSource, settings: Settings
+) -> list[Any]:
+    """ARGV of ``lua/decide_transaction.lua``: the decision is kept as long as one of its half messages may still
+    be in flight (``max_age``) and the dedupe window after that."""
+    keep_ms = int((settings.max_age + settings.dedupe_window) * 1000)
+    return [transaction_id, producer_group, LocalTransactionState(outcome).value, source.value, keep_ms]
+
+
+def decided(transaction_ids: list[str], outcomes: list[Any]) -> dict[str, LocalTransactionState]:
+    """The decisions read back (``HGET outcome`` of each decision), by transaction id; unknown values are skipped."""
+    found: dict[str, LocalTransactionState] = {}
+    for transaction_id, outcome in zip(transaction_ids, outcomes, strict=True):
+        name = entries.text(outcome)
+        if name in ("COMMIT", "ROLLBACK"):
+            found[transaction_id] = LocalTransactionState(name)
+    return found
+
+
+def decide_result(reply: Any, transaction_id: str) -> tuple[LocalTransactionState, bool]:
+    """The decision that stands (the first one) and whether this call made it."""
+    status, first, second = reply_strings(reply, 3)
+    if status != "OK":
+        where = f"transaction {transaction_id}"
+        if first == "GROUP_MISMATCH":
+            raise ProducerGroupMismatchError(
+                f"{where}: {second}; decide it from a producer of that group", topic="", transaction_id=transaction_id
+            )
+        raise TxMQError(f"{where}: decision refused: {first} {second}")
+    return LocalTransactionState(first), second == "DECIDED"
 
 
 def prepare_call_error(exc: Exception, message: Message, transaction_id: str) -> PrepareError:

@@ -11,20 +11,26 @@ from .errors import ConfigurationError, InvalidMessageError, PrepareError, TxMQE
 from .keys import TopicKeys
 from .listener import TransactionListener
 from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult, time_of_entry_id
-from .protocol import EndCall, EndSource, PrepareResult
+from .protocol import EndCall, EndResult, EndSource, PrepareResult
 from .tracing import SendTrace
 
 logger = logging.getLogger(__name__)
 
 
-def new_send(producer_group: str, message: Message, max_message_size: int) -> Message:
-    """The send's own copy of ``message``, with a new transaction id, validated: nothing is written for a refused
-    message, and the caller's object is never changed."""
+def new_transaction_id() -> str:
+    return os.urandom(16).hex()
+
+
+def new_send(
+    producer_group: str, message: Message, max_message_size: int, transaction_id: str | None = None
+) -> Message:
+    """The send's own copy of ``message``, with a new transaction id (or ``transaction_id``), validated: nothing is
+    written for a refused message, and the caller's object is never changed."""
     if not isinstance(message, Message):
         raise InvalidMessageError(
             f"producer group {producer_group!r}: expected a redis_txmq.Message, got {type(message).__name__}"
         )
-    sent = message.copy_for_send(os.urandom(16).hex())
+    sent = message.copy_for_send(transaction_id or new_transaction_id())
     sent.validate(max_message_size)
     return sent
 
@@ -149,6 +155,83 @@ class HandleState:
     @property
     def ended(self) -> bool:
         return self.result is not None
+
+
+class ManyState:
+    """The part of a transaction of several messages that is not I/O: its id, its messages' half messages, and
+    ending it once.
+
+    Message ``i`` of transaction ``X`` is sent as its own half message with transaction id ``X.i`` (unique, so a
+    consumer's inbox keeps each) and ``parent_transaction_id`` ``X``. The outcome is first written once as the
+    transaction's decision (``lua/decide_transaction.lua``, in the slot of ``X``), then each half message is ended
+    with it; whoever finds a half message in flight later (the checker) ends it with the decision, or asks the
+    producer group about ``X`` when there is none yet."""
+
+    def __init__(self, producer_group: str, max_messages: int) -> None:
+        self.producer_group = producer_group
+        self.max_messages = max_messages
+        self.transaction_id = new_transaction_id()
+        """The id to store with the local transaction's data: a check-back asks about this id."""
+        self.parts: list[InFlight] = []
+        self.results: list[TransactionSendResult] | None = None
+        """One send result per message, in order, once the transaction was ended (or left to the check-back)."""
+
+    @property
+    def ended(self) -> bool:
+        return self.results is not None
+
+    def next_send(self, message: Message, max_message_size: int) -> Message:
+        """The validated copy of the next message, with its own transaction id; refuses a message too many."""
+        if self.results is not None:
+            raise ConfigurationError(
+                f"transaction {self.transaction_id}: already ended; send the messages before it commits"
+            )
+        if len(self.parts) >= self.max_messages:
+            raise InvalidMessageError(
+                f"transaction {self.transaction_id}: at most {self.max_messages} messages in one transaction "
+                "(max_transaction_messages); split the work into several transactions"
+            )
+        return new_send(self.producer_group, message, max_message_size, f"{self.transaction_id}.{len(self.parts)}")
+
+    def listener_message(self) -> Message:
+        """What the listener's ``execute_local_transaction`` receives: the first message, with the transaction's
+        id (the one a check-back asks about)."""
+        return self.parts[0].message.copy_for_send(self.transaction_id)
+
+    def end_calls(self, state: LocalTransactionState, remark: str | None) -> list[EndCall]:
+        return [
+            EndCall(p.keys, p.transaction_id, self.producer_group, state, EndSource.PRODUCER, remark, p.half_id)
+            for p in self.parts
+        ]
+
+    def finish(
+        self,
+        state: LocalTransactionState,
+        remark: str | None,
+        ended: list[EndResult | TxMQError] | TxMQError | None,
+    ) -> list[TransactionSendResult]:
+        """The send results: ``ended`` holds each end's result, or the one error that stopped the decision (every
+        message then stays in flight for the check-back), or None when nothing was ended (UNKNOWN)."""
+        results: list[TransactionSendResult] = []
+        for i, part in enumerate(self.parts):
+            outcome = ended if ended is None or isinstance(ended, TxMQError) else ended[i]
+            if outcome is None:
+                results.append(part.result(state, remark))
+            elif isinstance(outcome, TxMQError):
+                results.append(part.result(state, remark, end_error=part.end_failed(state, outcome)))
+            else:
+                results.append(part.result(state, remark, committed_id=outcome.committed_id))
+        self.results = results
+        return results
+
+
+def decision_differs(transaction_id: str, asked: LocalTransactionState, decided: LocalTransactionState) -> None:
+    logger.warning(
+        "tx=%s asked to %s, but the transaction was already decided %s (by a check-back); that decision stands",
+        transaction_id,
+        asked.value,
+        decided.value,
+    )
 
 
 class CheckerListener(TransactionListener):

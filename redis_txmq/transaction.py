@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from .message import LocalTransactionState, Message, TransactionSendResult
-from .sending import HandleState, outcome_of_block
+from .sending import HandleState, ManyState, outcome_of_block
 
 if TYPE_CHECKING:
     from .producer import TransactionProducer
@@ -49,3 +49,52 @@ class Transaction(HandleState):
         if self.result is None:
             self.result = self._producer._end(self.in_flight, state, remark)
         return self.result
+
+
+class TransactionOfMany:
+    """A transaction of several messages of a sync producer (``producer.transaction()`` without a message).
+    Entering the block writes nothing; each :meth:`send` writes one half message (:class:`PrepareError` if it
+    cannot; the block decides what then). Leaving the block decides as :class:`Transaction` does, writes the
+    decision once and ends every message with it; :attr:`results` holds one send result per message."""
+
+    def __init__(self, producer: TransactionProducer) -> None:
+        self._producer = producer
+        self.state = ManyState(producer.producer_group, producer.settings.max_transaction_messages)
+
+    @property
+    def transaction_id(self) -> str:
+        """The id to store with the local transaction's data, so that a check-back can find it."""
+        return self.state.transaction_id
+
+    @property
+    def results(self) -> list[TransactionSendResult]:
+        """One send result per message, in order (empty before the end)."""
+        return self.state.results or []
+
+    def __enter__(self) -> TransactionOfMany:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.state.ended:
+            self.end(*outcome_of_block(exc_type, exc))
+
+    def send(self, message: Message) -> Message:
+        """Write ``message`` as a half message of this transaction; returns the copy that was written, whose
+        ``transaction_id`` is ``<transaction id>.<index>``."""
+        return self._producer._prepare(message, self.state).message
+
+    def commit(self) -> list[TransactionSendResult]:
+        """Commit now: every message becomes visible; leaving the block later changes nothing."""
+        return self.end(LocalTransactionState.COMMIT, None)
+
+    def rollback(self) -> list[TransactionSendResult]:
+        """Roll back now, without an exception: every message is dropped."""
+        return self.end(LocalTransactionState.ROLLBACK, None)
+
+    def end(self, state: LocalTransactionState, remark: str | None) -> list[TransactionSendResult]:
+        """End with ``state`` (UNKNOWN leaves the transaction to the check-back); once."""
+        if self.state.results is None:
+            self._producer._end_many(self.state, state, remark)
+        return self.results

@@ -14,9 +14,17 @@ import pytest
 from click.testing import CliRunner
 from redis.cluster import RedisCluster
 
-from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
+from redis_txmq import (
+    Consumer,
+    LocalTransactionState,
+    Message,
+    Settings,
+    TransactionListener,
+    TransactionProducer,
+    TxMQConnectionError,
+)
 from redis_txmq.cli import main
-from redis_txmq.keys import GroupKeys, TopicKeys
+from redis_txmq.keys import CHECKER_INSTANCES, GroupKeys, TopicKeys
 
 from .helpers import wait_until
 
@@ -102,6 +110,8 @@ def test_check_back_through_two_txmq_checker_cluster_one_killed(cluster, cluster
         doomed = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         survivor = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
+            # both started (a SIGTERM before the survivor's handler is set would just kill it)
+            wait_until(lambda: cluster.zcard(CHECKER_INSTANCES) >= 2, timeout=60)
             wait_until(lambda: sum(cluster.xlen(t) for t in TOPICS) > len(TOPICS), timeout=60)
             doomed.send_signal(signal.SIGKILL)  # a checker dies mid-work; the other finishes
             wait_until(lambda: all(cluster.hlen(TopicKeys(t).inflight) == 0 for t in TOPICS), timeout=60)
@@ -206,3 +216,30 @@ def test_check_back_on_a_partitioned_topic_while_heartbeats_reassert_it(cluster,
         wait_until(lambda: checker.run_round() is not None and cluster.xlen(stream) == 1, timeout=30)
     ((_, fields),) = cluster.xrange(stream)
     assert fields[b"transaction_id"].decode() == sent.transaction_id
+
+
+def test_a_transaction_of_messages_on_every_master(cluster):
+    """One transaction's messages in the slots of every master, its decision in a slot of its own: all commit
+    together; a second one rolls back whole; the checker finishes one whose producer died after its decision."""
+    from checker import Checker
+    from redis_txmq.keys import decision_key
+
+    settings = Settings(cluster=True, transaction_timeout=0, check_interval=0.05)
+    with TransactionProducer("many_cluster", Knows(set()), client=cluster, settings=settings) as producer:
+        committed = producer.send_messages_in_transaction([Message(t, b"c") for t in TOPICS], COMMIT)
+        rolled_back = producer.send_messages_in_transaction([Message(t, b"r") for t in TOPICS], ROLLBACK)
+        assert {r.local_transaction_state for r in committed} == {COMMIT}
+        assert {r.local_transaction_state for r in rolled_back} == {ROLLBACK}
+
+        def died(ends):
+            raise TxMQConnectionError("the producer died after its decision")
+
+        producer.broker.end_transactions = died
+        orphaned = producer.send_messages_in_transaction([Message(t, b"o") for t in TOPICS], COMMIT)
+        parent = orphaned[0].transaction_id.split(".")[0]
+        assert cluster.hget(decision_key(parent), "outcome") == b"COMMIT"
+        checker = Checker(cluster, settings)
+        wait_until(lambda: checker.run_round() is not None and all(cluster.xlen(t) == 2 for t in TOPICS), timeout=30)
+    for topic in TOPICS:
+        assert [f[b"body"] for _, f in cluster.xrange(topic)] == [b"c", b"o"]
+        assert cluster.hlen(TopicKeys(topic).inflight) == 0

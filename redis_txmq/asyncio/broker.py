@@ -18,10 +18,10 @@ from ..config import Settings
 from ..connection import REDIRECTIONS, REDIS_ERRORS, is_async_cluster
 from ..durability import check_server
 from ..errors import DurabilityError, TxMQConnectionError, TxMQError
-from ..keys import TOPIC_REGISTRY, TopicKeys
+from ..keys import TOPIC_REGISTRY, TopicKeys, decision_key
 from ..message import LocalTransactionState, Message
 from ..protocol import EndCall, EndResult, EndSource, PrepareResult
-from ..scripts import register_topic_script
+from ..scripts import register_script, register_topic_script
 from .lane import ScriptLane
 from .scripts import preload
 
@@ -36,6 +36,7 @@ class AsyncRedisBroker:
         self.settings = settings or Settings()
         self._prepare = register_topic_script(client, "prepare_half")
         self._end = register_topic_script(client, "end_transaction")
+        self._decide = register_script(client, "decide_transaction")
         self._cluster = is_async_cluster(client)
         self.durability = self.settings.durability_level()
         self._registered: set[str] = set()
@@ -43,11 +44,14 @@ class AsyncRedisBroker:
 
     async def _run(self, script: Any, keys: TopicKeys, args: list[Any]) -> Any:
         """One script call: through the lane that pipelines concurrent calls, or directly on a cluster."""
+        return await self._run_keys(script, keys.script_keys(), args)
+
+    async def _run_keys(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         if self._lane is None:
             if self.durability is not None:
-                return await self._run_on_master(script, keys.script_keys(), args)
-            return await script(keys=keys.script_keys(), args=args)
-        return await self._lane.call(script, keys.script_keys(), args)
+                return await self._run_on_master(script, keys, args)
+            return await script(keys=keys, args=args)
+        return await self._lane.call(script, keys, args)
 
     async def _run_on_master(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         """On a cluster with a durability level: the script and its confirmation in one write on one connection of
@@ -84,7 +88,7 @@ class AsyncRedisBroker:
     async def load_scripts(self) -> None:
         """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
         try:
-            await preload(self._prepare, self._end)
+            await preload(self._prepare, self._end, self._decide)
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
         if self.durability is not None:
@@ -114,10 +118,15 @@ class AsyncRedisBroker:
             self._registered.add(stream)
 
     async def prepare_half(
-        self, keys: TopicKeys, message: Message, transaction_id: str, producer_group: str
+        self,
+        keys: TopicKeys,
+        message: Message,
+        transaction_id: str,
+        producer_group: str,
+        parent_transaction_id: str = "",
     ) -> PrepareResult:
         """Write the half message (``lua/prepare_half.lua``); safe to retry with the same transaction id."""
-        args = protocol.prepare_args(message, transaction_id, producer_group, keys)
+        args = protocol.prepare_args(message, transaction_id, producer_group, keys, parent_transaction_id)
         try:
             await self.register_topic(keys, message, transaction_id)
             reply = await self._run(self._prepare, keys, args)
@@ -152,6 +161,22 @@ class AsyncRedisBroker:
         if result.check_request:
             await self.drop_check_requests([(producer_group, result.check_request)])
         return result
+
+    async def decide(
+        self, transaction_id: str, producer_group: str, outcome: LocalTransactionState, source: EndSource
+    ) -> tuple[LocalTransactionState, bool]:
+        """Write the decision of a transaction of several messages once (see the sync broker)."""
+        args = protocol.decide_args(transaction_id, producer_group, outcome, source, self.settings)
+        try:
+            reply = await self._run_keys(self._decide, [decision_key(transaction_id)], args)
+        except DurabilityError as exc:
+            protocol.decide_result(exc.replies[0], transaction_id)
+            raise
+        except REDIS_ERRORS as exc:
+            raise TxMQConnectionError(
+                f"transaction {transaction_id}: the decision could not be written ({exc})"
+            ) from exc
+        return protocol.decide_result(reply, transaction_id)
 
     async def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:
         """Apply many ends in one pipeline (each script still atomic); on a cluster, whose pipelines refuse

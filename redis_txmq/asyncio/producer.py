@@ -19,12 +19,22 @@ from .. import tracing
 from ..check_handler import Registrations
 from ..config import Settings
 from ..connection import REDIS_ERRORS, instance_id, resolve_client
-from ..errors import ProducerStateError, TxMQConnectionError, TxMQError
+from ..errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from ..keys import topic_meta_key
 from ..listener import TransactionListener as SyncTransactionListener
 from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
-from ..protocol import EndCall
-from ..sending import CheckerListener, HandleState, InFlight, listener_of, new_send, outcome_of_block, routing_error
+from ..protocol import EndCall, EndSource
+from ..sending import (
+    CheckerListener,
+    HandleState,
+    InFlight,
+    ManyState,
+    decision_differs,
+    listener_of,
+    new_send,
+    outcome_of_block,
+    routing_error,
+)
 from ..topics import PartitionRouter, count_of
 from .broker import AsyncRedisBroker
 from .check_handler import AsyncCheckRequestHandler
@@ -134,18 +144,42 @@ class TransactionProducer:
         )
         return await self._end(tx, state, remark)
 
-    def transaction(self, message: Message) -> AsyncTransaction:
+    async def send_messages_in_transaction(
+        self, messages: list[Message], arg: Any = None
+    ) -> list[TransactionSendResult]:
+        """Several messages in one transaction: all become visible, each once, or none (see the sync producer)."""
+        if not messages:
+            raise InvalidMessageError(f"producer group {self.producer_group!r}: no messages to send")
+        if isinstance(self.listener, CheckerListener):
+            self.listener.execute_local_transaction(messages[0], arg)
+        async with AsyncTransactionOfMany(self) as tx:
+            for message in messages:
+                await tx.send(message)
+            first = tx.state.listener_message()
+            state, remark = await local_state(
+                self.listener.execute_local_transaction, first, "local transaction", first, arg
+            )
+            await tx.end(state, remark)
+        return tx.results
+
+    def transaction(self, message: Message | None = None) -> AsyncTransaction | AsyncTransactionOfMany:
         """A transaction handle: ``async with producer.transaction(message) as tx:`` writes the half message, the
         block is the local transaction, leaving it commits (rolls back when it raised; leaves the transaction to
-        the check-back when it was cancelled)."""
+        the check-back when it was cancelled). Without a message, the block sends its messages with
+        ``await tx.send(message)``: all of them become visible at the end, each once, or none does."""
+        if message is None:
+            return AsyncTransactionOfMany(self)
         return AsyncTransaction(self, message)
 
-    async def _prepare(self, message: Message) -> InFlight:
+    async def _prepare(self, message: Message, of: ManyState | None = None) -> InFlight:
         if not self._running:
             raise ProducerStateError(
                 f"producer group {self.producer_group!r}: await start() (or use `async with`) before sending"
             )
-        sent = new_send(self.producer_group, message, self.settings.max_message_size)
+        if of is None:
+            sent = new_send(self.producer_group, message, self.settings.max_message_size)
+        else:
+            sent = of.next_send(message, self.settings.max_message_size)
         trace = tracing.start_send(sent, self.producer_group)
         try:
             partitions = self._router.known(sent.topic)
@@ -156,11 +190,41 @@ class TransactionProducer:
                     raise routing_error(sent, exc) from exc
                 partitions = self._router.remember(sent.topic, count)
             keys = self._router.pick(sent, partitions)
-            prepared = await self.broker.prepare_half(keys, sent, sent.transaction_id or "", self.producer_group)
-            return InFlight.of(prepared, keys, sent, self.producer_group, trace)
+            prepared = await self.broker.prepare_half(
+                keys, sent, sent.transaction_id or "", self.producer_group, of.transaction_id if of else ""
+            )
+            in_flight = InFlight.of(prepared, keys, sent, self.producer_group, trace)
         except BaseException as exc:
             tracing.finish_send(trace, None, exc)
             raise
+        if of is not None:
+            of.parts.append(in_flight)
+        return in_flight
+
+    async def _end_many(
+        self, many: ManyState, state: LocalTransactionState, remark: str | None
+    ) -> list[TransactionSendResult]:
+        """Decide once, then end every message with the decision (see the sync producer). Shielded: once the
+        decision is under way, a cancelled caller does not stop it half-way (the check-back would finish it)."""
+        ended: Any = None
+        if state is not LocalTransactionState.UNKNOWN and many.parts:
+            try:
+                state, ended = await asyncio.shield(self._decide_and_end(many, state, remark))
+            except TxMQError as exc:
+                ended = exc
+        results = many.finish(state, remark, ended)
+        for part, result in zip(many.parts, results, strict=True):
+            if part.trace is not None:
+                tracing.finish_send(part.trace, result)
+        return results
+
+    async def _decide_and_end(
+        self, many: ManyState, state: LocalTransactionState, remark: str | None
+    ) -> tuple[LocalTransactionState, list[Any]]:
+        decided, _ = await self.broker.decide(many.transaction_id, self.producer_group, state, EndSource.PRODUCER)
+        if decided is not state:
+            decision_differs(many.transaction_id, state, decided)
+        return decided, await self.broker.end_transactions(many.end_calls(decided, remark))
 
     async def _end(
         self,
@@ -268,3 +332,47 @@ class AsyncTransaction(HandleState):
                 self.in_flight, state, remark, on_cancel=lambda result: setattr(self, "result", result)
             )
         return self.result
+
+
+class AsyncTransactionOfMany:
+    """A transaction of several messages of the asyncio producer (see
+    :class:`redis_txmq.transaction.TransactionOfMany`); cancelled, it stays in flight for the check-back."""
+
+    def __init__(self, producer: TransactionProducer) -> None:
+        self._producer = producer
+        self.state = ManyState(producer.producer_group, producer.settings.max_transaction_messages)
+
+    @property
+    def transaction_id(self) -> str:
+        """The id to store with the local transaction's data, so that a check-back can find it."""
+        return self.state.transaction_id
+
+    @property
+    def results(self) -> list[TransactionSendResult]:
+        """One send result per message, in order (empty before the end)."""
+        return self.state.results or []
+
+    async def __aenter__(self) -> AsyncTransactionOfMany:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.state.ended:
+            await self.end(*outcome_of_block(exc_type, exc))
+
+    async def send(self, message: Message) -> Message:
+        """Write ``message`` as a half message of this transaction; returns the copy that was written."""
+        return (await self._producer._prepare(message, self.state)).message
+
+    async def commit(self) -> list[TransactionSendResult]:
+        return await self.end(LocalTransactionState.COMMIT, None)
+
+    async def rollback(self) -> list[TransactionSendResult]:
+        return await self.end(LocalTransactionState.ROLLBACK, None)
+
+    async def end(self, state: LocalTransactionState, remark: str | None) -> list[TransactionSendResult]:
+        """End with ``state`` (UNKNOWN leaves the transaction to the check-back); once."""
+        if self.state.results is None:
+            await self._producer._end_many(self.state, state, remark)
+        return self.results

@@ -1,0 +1,114 @@
+"""Write jobs (the Spark writer's core, :mod:`redis_txmq.jobs`): staged rows are published exactly once when the
+job commits, never when it rolls back or came from a failed attempt, and a micro-batch replayed after a restart
+publishes nothing new. The checker settles what a dead driver left."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from checker import Checker
+from redis_txmq import LocalTransactionState, Settings
+from redis_txmq.jobs import WriteJob, settle_jobs
+from redis_txmq.keys import JOB_REGISTRY
+
+COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
+
+
+def stage_rows(client, job: WriteJob, stream: str, attempt: str, count: int) -> str:
+    stage = job.stage(stream, attempt)
+    pipe = client.pipeline(transaction=False)
+    for n in range(count):
+        pipe.xadd(stage, {"transaction_id": f"{job.job_id}.{attempt}.{n}", "body": f"{attempt}-{n}"})
+    pipe.execute()
+    return stage
+
+
+def bodies(client, stream: str) -> list[str]:
+    return [fields[b"body"].decode() for _, fields in client.xrange(stream)]
+
+
+def test_a_commit_publishes_the_committed_attempts_once_and_drops_the_others(client):
+    job = WriteJob.new(client)
+    job.register()
+    winner = stage_rows(client, job, "orders", "p0-winner", 2500)  # more than one chunk
+    other = stage_rows(client, job, "audit#1", "p1", 3)
+    loser = stage_rows(client, job, "orders", "p0-failed-attempt", 7)
+    decision = job.commit([winner, other])
+    assert (decision.outcome, decision.status) == (COMMIT, "DECIDED")
+    assert bodies(client, "orders") == [f"p0-winner-{n}" for n in range(2500)]
+    assert bodies(client, "audit#1") == ["p1-0", "p1-1", "p1-2"]
+    assert not client.exists(winner, other, loser, job.keys.stages), "no stage is left"
+    assert client.zscore(JOB_REGISTRY, job.keys.decision) is None and client.pttl(job.keys.decision) > 0
+
+    again = job.commit([loser])
+    assert (again.outcome, again.stages, again.status) == (COMMIT, sorted([winner, other]), "DUPLICATE")
+    assert len(bodies(client, "orders")) == 2500, "a repeated commit publishes nothing new"
+
+
+def test_a_rolled_back_job_publishes_nothing_and_leaves_nothing(client):
+    job = WriteJob.new(client)
+    job.register()
+    staged = stage_rows(client, job, "orders", "p0", 5)
+    assert job.abort().outcome is ROLLBACK
+    assert bodies(client, "orders") == [] and not client.exists(staged, job.keys.stages)
+    assert job.commit([staged]).outcome is ROLLBACK, "the first decision stands"
+    assert bodies(client, "orders") == []
+
+
+def test_a_replayed_micro_batch_publishes_nothing_new(client):
+    first = WriteJob.micro_batch(client, "orders-sink", 7)
+    first.register()
+    published = stage_rows(client, first, "orders", "run1", 4)
+    first.commit([published])
+    replay = WriteJob.micro_batch(client, "orders-sink", 7)  # the query restarted before its checkpoint recorded 7
+    replay.register()
+    again = stage_rows(client, replay, "orders", "run2", 4)
+    decision = replay.commit([again])
+    assert decision.status == "DUPLICATE" and decision.stages == [published]
+    assert bodies(client, "orders") == [f"run1-{n}" for n in range(4)] and not client.exists(again)
+
+    client.delete(first.keys.decision)  # long after: the decision expired, the sink's last batch remains
+    late = WriteJob.micro_batch(client, "orders-sink", 6)
+    late_stage = stage_rows(client, late, "orders", "run3", 2)
+    assert late.commit([late_stage]).status == "REPLAYED"
+    nxt = WriteJob.micro_batch(client, "orders-sink", 8)
+    assert nxt.commit([stage_rows(client, nxt, "orders", "run4", 1)]).status == "DECIDED"
+    assert collections.Counter(bodies(client, "orders")) == {**{f"run1-{n}": 1 for n in range(4)}, "run4-0": 1}
+
+
+def test_the_checker_settles_a_job_whose_driver_died_after_deciding(client):
+    settings = Settings(transaction_timeout=0)
+    job = WriteJob.new(client, settings)
+    job.register()
+    staged = stage_rows(client, job, "orders", "p0", 3)
+    dropped = stage_rows(client, job, "orders", "p0-speculative", 3)
+    job.decide(COMMIT, [staged])  # the driver dies here
+    assert bodies(client, "orders") == []
+    Checker(client, settings).run_round()
+    assert bodies(client, "orders") == ["p0-0", "p0-1", "p0-2"] and not client.exists(staged, dropped)
+    assert client.zcard(JOB_REGISTRY) == 0
+
+
+def test_a_job_that_never_decided_is_rolled_back_after_max_age(client):
+    job = WriteJob.new(client)
+    job.register()
+    staged = stage_rows(client, job, "orders", "p0", 3)
+    assert settle_jobs(client, Settings()) == 0, "a young job is left to its driver"
+    client.zadd(JOB_REGISTRY, {job.keys.decision: 0})  # started long ago
+    assert settle_jobs(client, Settings(max_age=60)) == 1
+    assert bodies(client, "orders") == [] and not client.exists(staged)
+    assert job.commit([staged]).outcome is ROLLBACK, "a driver that comes back finds the rollback"
+
+
+def test_a_stage_that_cannot_be_published_stays_for_a_retry(client):
+    job = WriteJob.new(client)
+    staged = stage_rows(client, job, "orders", "p0", 3)
+    client.set("orders", "not a stream")
+    with pytest.raises(Exception, match="refused a row"):
+        job.commit([staged])
+    assert client.xlen(staged) == 3
+    client.delete("orders")
+    job.settle(job.decide(COMMIT, []))
+    assert bodies(client, "orders") == ["p0-0", "p0-1", "p0-2"]

@@ -1,0 +1,190 @@
+"""Transactions of several messages: ``with producer.transaction() as tx: tx.send(...)`` and
+``send_messages_in_transaction``. All messages become visible, each once, or none does; a producer that dies
+between its decision and the end of every message leaves the rest to the checker, which follows the decision."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from checker import Checker
+from redis_txmq import (
+    InvalidMessageError,
+    LocalTransactionState,
+    Message,
+    PrepareError,
+    Settings,
+    TransactionProducer,
+    TxMQConnectionError,
+    create_topic,
+)
+from redis_txmq.keys import decision_key, topic_keys_of_stream
+
+from .helpers import ScriptedListener, wait_until
+
+COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
+FAST_CHECKS = Settings(transaction_timeout=0, check_interval=0.05)
+
+
+class OrderRefused(Exception):
+    pass
+
+
+def bodies(client, stream: str) -> list[bytes]:
+    return [fields[b"body"] for _, fields in client.xrange(stream)]
+
+
+def in_flight(client, *streams: str) -> int:
+    return sum(int(client.hlen(topic_keys_of_stream(stream).inflight)) for stream in streams)
+
+
+STREAMS = ("orders", "audit#0", "audit#1")
+
+
+@pytest.fixture
+def partitioned_audit(client):
+    create_topic(client, "audit", 2)
+
+
+def test_the_messages_of_a_block_become_visible_together(client, partitioned_audit):
+    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
+        with producer.transaction() as tx:
+            first = tx.send(Message("orders", b"order 1", keys="order-1"))
+            tx.send(Message("audit", b"audit a", keys="a"))
+            tx.send(Message("audit", b"audit b", keys="b"))
+            assert bodies(client, "orders") == [] and in_flight(client, *STREAMS) == 3, "invisible until the end"
+            assert first.transaction_id == f"{tx.transaction_id}.0"
+        results = tx.results
+    assert [r.local_transaction_state for r in results] == [COMMIT] * 3 and all(r.committed_id for r in results)
+    assert bodies(client, "orders") == [b"order 1"]
+    assert sorted(bodies(client, "audit#0") + bodies(client, "audit#1")) == [b"audit a", b"audit b"]
+    ids = {f[b"transaction_id"].decode() for s in STREAMS for _, f in client.xrange(s)}
+    assert ids == {f"{tx.transaction_id}.{i}" for i in range(3)}, "each message has its own id, under the transaction's"
+    assert in_flight(client, *STREAMS) == 0
+    assert client.hget(decision_key(tx.transaction_id), "outcome") == b"COMMIT"
+    assert client.pttl(decision_key(tx.transaction_id)) > 0, "the decision is not kept for ever"
+
+
+def test_a_block_that_raises_drops_every_message(client, partitioned_audit):
+    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
+        with pytest.raises(OrderRefused):
+            with producer.transaction() as tx:
+                tx.send(Message("orders", b"order 1"))
+                tx.send(Message("audit", b"audit", keys="a"))
+                raise OrderRefused("out of stock")
+    assert [r.local_transaction_state for r in tx.results] == [ROLLBACK, ROLLBACK]
+    assert all(bodies(client, s) == [] for s in STREAMS) and in_flight(client, *STREAMS) == 0
+
+
+def test_a_message_that_cannot_be_written_rolls_back_those_written(client):
+    client.set("audit", "not a stream")
+    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
+        with pytest.raises(PrepareError, match="another type"):
+            with producer.transaction() as tx:
+                tx.send(Message("orders", b"order 1"))
+                tx.send(Message("audit", b"audit"))
+    assert [r.local_transaction_state for r in tx.results] == [ROLLBACK]
+    assert bodies(client, "orders") == [] and in_flight(client, "orders") == 0
+
+
+def test_send_messages_in_transaction_runs_the_listener_once_with_the_transaction_id(client):
+    listener = ScriptedListener()
+    with TransactionProducer("order_group", listener, client=client) as producer:
+        messages = [Message("orders", b"1"), Message("orders", b"2"), Message("invoices", b"3")]
+        results = producer.send_messages_in_transaction(messages, COMMIT)
+    (seen,) = listener.executed
+    assert seen.body == b"1" and [r.transaction_id for r in results] == [f"{seen.transaction_id}.{i}" for i in range(3)]
+    assert bodies(client, "orders") == [b"1", b"2"] and bodies(client, "invoices") == [b"3"]
+    assert all(m.transaction_id is None for m in messages), "the caller's messages are not changed"
+
+
+def test_a_transaction_has_a_bounded_number_of_messages(client):
+    settings = Settings(max_transaction_messages=2)
+    with TransactionProducer("order_group", ScriptedListener(), client=client, settings=settings) as producer:
+        with pytest.raises(InvalidMessageError, match="at most 2 messages"):
+            producer.send_messages_in_transaction([Message("orders", b"x")] * 3, COMMIT)
+    assert bodies(client, "orders") == [] and in_flight(client, "orders") == 0
+
+
+def test_a_decision_without_its_ends_is_finished_by_the_checker_without_asking(client, partitioned_audit):
+    """The producer decided COMMIT and died before ending any message: the checker ends them all with the
+    decision; the listener's check-back is never asked (its answer could no longer change anything)."""
+    listener = ScriptedListener(check_answer=ROLLBACK)
+    with TransactionProducer("order_group", listener, client=client, settings=FAST_CHECKS) as producer:
+
+        def died(ends):
+            raise TxMQConnectionError("the producer died")
+
+        producer.broker.end_transactions = died
+        with producer.transaction() as tx:
+            tx.send(Message("orders", b"order 1"))
+            tx.send(Message("audit", b"audit a", keys="a"))
+            tx.send(Message("audit", b"audit b", keys="b"))
+        assert client.hget(decision_key(tx.transaction_id), "outcome") == b"COMMIT"
+        assert in_flight(client, *STREAMS) == 3 and bodies(client, "orders") == []
+        checker = Checker(client, FAST_CHECKS)
+        wait_until(lambda: checker.run_round() and in_flight(client, *STREAMS) == 0)
+    assert bodies(client, "orders") == [b"order 1"]
+    assert sorted(bodies(client, "audit#0") + bodies(client, "audit#1")) == [b"audit a", b"audit b"]
+    assert listener.checked == []
+
+
+def test_without_a_decision_every_message_follows_the_first_answer(client, partitioned_audit):
+    """The producer died before deciding: the check-back asks about the transaction's id; the first answer is
+    written as the decision and every message follows it, even if later answers would say otherwise."""
+    answers = iter([COMMIT] + [ROLLBACK] * 100)
+    listener = ScriptedListener(check_answer=lambda message: next(answers))
+    with TransactionProducer("order_group", listener, client=client, settings=FAST_CHECKS) as producer:
+        tx = producer.transaction()
+        with tx:
+            tx.send(Message("orders", b"order 1"))
+            tx.send(Message("audit", b"audit a", keys="a"))
+            tx.send(Message("audit", b"audit b", keys="b"))
+            tx.state.results = []  # the process is gone before its block ends: nothing decided, nothing ended
+        checker = Checker(client, FAST_CHECKS)
+        wait_until(lambda: checker.run_round() is not None and in_flight(client, *STREAMS) == 0)
+    assert {m.transaction_id for m in listener.checked} == {tx.transaction_id}, "asked about the transaction's id"
+    assert bodies(client, "orders") == [b"order 1"]
+    assert sorted(bodies(client, "audit#0") + bodies(client, "audit#1")) == [b"audit a", b"audit b"]
+    assert client.hget(decision_key(tx.transaction_id), "outcome") == b"COMMIT"
+
+
+def test_an_unknown_outcome_leaves_the_transaction_to_the_check_back(client):
+    listener = ScriptedListener(check_answer=ROLLBACK)
+    with TransactionProducer("order_group", listener, client=client, settings=FAST_CHECKS) as producer:
+        results = producer.send_messages_in_transaction([Message("orders", b"1"), Message("orders", b"2")], UNKNOWN)
+        assert [r.local_transaction_state for r in results] == [UNKNOWN, UNKNOWN]
+        assert not client.exists(decision_key(results[0].transaction_id.split(".")[0]))
+        checker = Checker(client, FAST_CHECKS)
+        wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
+    assert bodies(client, "orders") == []
+
+
+def test_asyncio_the_messages_of_a_block_become_visible_together(real_client, redis_url):
+    from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+
+    create_topic(real_client, "audit", 2)
+
+    async def main():
+        async with AsyncTransactionProducer("order_group", ScriptedListener(), redis_url=redis_url) as producer:
+            async with producer.transaction() as tx:
+                await tx.send(Message("orders", b"order 1"))
+                await tx.send(Message("audit", b"audit a", keys="a"))
+                assert bodies(real_client, "orders") == [], "invisible until the end"
+            with pytest.raises(OrderRefused):
+                async with producer.transaction() as dropped:
+                    await dropped.send(Message("orders", b"order 2"))
+                    raise OrderRefused("out of stock")
+            listed = await producer.send_messages_in_transaction(
+                [Message("orders", b"3"), Message("audit", b"4")], COMMIT
+            )
+            return tx, dropped, listed
+
+    tx, dropped, listed = asyncio.run(main())
+    assert [r.local_transaction_state for r in tx.results] == [COMMIT, COMMIT]
+    assert [r.local_transaction_state for r in dropped.results] == [ROLLBACK]
+    assert [r.local_transaction_state for r in listed] == [COMMIT, COMMIT]
+    assert bodies(real_client, "orders") == [b"order 1", b"3"]
+    assert sorted(bodies(real_client, "audit#0") + bodies(real_client, "audit#1")) == [b"4", b"audit a"]
+    assert in_flight(real_client, *STREAMS) == 0
