@@ -15,7 +15,14 @@ from typing import Any
 
 import pyarrow as pa
 import redis
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
@@ -71,7 +78,8 @@ class StreamRange(InputPartition):
 
 
 class RedisTxmqDataSource(DataSource):
-    """``spark.read.format("redis-txmq")`` / ``spark.readStream.format("redis-txmq")``."""
+    """``spark.read.format("redis-txmq")`` / ``spark.readStream.format("redis-txmq")``, and the same for writing
+(:mod:`spark_connector.writer`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -85,6 +93,16 @@ class RedisTxmqDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return StreamReader(parse_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from .writer import BatchWriter, parse_write_options
+
+        return BatchWriter(parse_write_options(self.options, schema, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .writer import StreamWriter, parse_write_options
+
+        return StreamWriter(parse_write_options(self.options, schema, streaming=True))
 
 
 def topic_partitions(client: Any, options: ConnectorOptions) -> list[TopicPartition]:

@@ -1,0 +1,344 @@
+"""``df.write.format("redis-txmq")`` and ``writeStream.format("redis-txmq")``: a job's rows published exactly once.
+
+Each task attempt writes its rows to stages of the job (:mod:`redis_txmq.jobs`): streams beside the topic streams,
+invisible to consumers, written by pipelined XADD from Arrow batches. The driver's ``commit`` decides once for the
+stages of the attempts Spark committed and publishes them; ``abort`` rolls back; stages of failed or speculative
+attempts are deleted. A streaming micro-batch is a job keyed by the ``sinkId`` option and the batch id, whose
+decision also records the sink's last committed batch: a batch replayed after a restart publishes nothing new.
+Clients are made where they are used (writers are pickled to executors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import redis
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+from redis.cluster import RedisCluster
+
+from redis_txmq.config import DEFAULT_REDIS_URL
+from redis_txmq.connection import hiredis_packer
+from redis_txmq.jobs import WriteJob
+from redis_txmq.keys import JobKeys, topic_meta_key
+from redis_txmq.message import DEFAULT_MAX_MESSAGE_SIZE, validate_name
+from redis_txmq.topics import count_of, partition_keys_of
+
+from .options import ConnectorOptions, SparkSourceError
+from .options import _bool as bool_option
+from .options import _positive_int as positive_int_option
+
+WRITE_OPTIONS = {
+    "redis.url": "Redis URL, as for reading",
+    "redis.password": "password, kept out of the URL",
+    "redis.sentinelpassword": "the Sentinels' password (redis+sentinel:// URLs)",
+    "redis.cluster": "true to use redis.cluster.RedisCluster",
+    "topic": "the topic of rows without a 'topic' column value",
+    "sinkid": "streaming (required): the sink's name; its last committed micro-batch is kept under it",
+    "writebatchsize": "rows per pipeline of XADD, default 1000",
+}
+SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
+"""Options Spark itself passes to a writer (a save path, a streaming query's checkpoint and name)."""
+COLUMNS = {"body", "keys", "tags", "properties", "topic"}
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The local property Structured Streaming sets on a micro-batch's jobs: the batch id a task writes for."""
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    connection: ConnectorOptions
+    topic: str | None = None
+    sink_id: str | None = None
+    write_batch_size: int = 1000
+
+
+@dataclass
+class StagedRows(WriterCommitMessage):
+    """What one task attempt wrote: its stages (one per topic stream) and its row count."""
+
+    stages: list[str] = field(default_factory=list)
+    rows: int = 0
+
+
+def parse_write_options(options: Mapping[str, str], schema: StructType, streaming: bool) -> WriteOptions:
+    """Validate the options and the DataFrame's columns of a batch or streaming write."""
+    given = {key.lower(): value for key, value in options.items()}
+    unknown = sorted(set(given) - set(WRITE_OPTIONS) - SPARK_OPTIONS)
+    if unknown:
+        raise SparkSourceError(
+            f"unknown option(s) {', '.join(unknown)} for writing format redis-txmq; known: "
+            + ", ".join(sorted(WRITE_OPTIONS))
+        )
+    names = {f.name.lower(): f for f in schema.fields}
+    extra = sorted(set(names) - COLUMNS)
+    if extra:
+        raise SparkSourceError(
+            f"column(s) {', '.join(extra)} cannot be written; a row has body (required), keys, tags, properties "
+            "and topic: select those"
+        )
+    if "body" not in names or not isinstance(names["body"].dataType, BinaryType | StringType):
+        raise SparkSourceError("a column 'body' (binary or string) is required")
+    for name in ("keys", "tags", "topic"):
+        if name in names and not isinstance(names[name].dataType, StringType):
+            raise SparkSourceError(f"column '{name}' must be a string")
+    if "properties" in names:
+        kind = names["properties"].dataType
+        if not (isinstance(kind, MapType) and isinstance(kind.keyType, StringType)):
+            raise SparkSourceError("column 'properties' must be a map<string,string>")
+    topic = given.get("topic")
+    if topic is not None:
+        _valid_topic(topic)
+    elif "topic" not in names:
+        raise SparkSourceError("give the topic: option 'topic', or a column 'topic'")
+    sink_id = given.get("sinkid")
+    if streaming:
+        if not sink_id:
+            raise SparkSourceError(
+                "option 'sinkId' is required for a streaming write: it names the sink whose last committed "
+                "micro-batch is kept, so that a batch replayed after a restart is not published twice"
+            )
+        try:
+            validate_name(sink_id, "sinkId")
+        except ValueError as exc:
+            raise SparkSourceError(f"option 'sinkId': {exc}") from None
+    elif sink_id is not None:
+        raise SparkSourceError("option 'sinkId' is for streaming writes only")
+    connection = ConnectorOptions(
+        topics=(),
+        redis_url=given.get("redis.url", DEFAULT_REDIS_URL),
+        password=given.get("redis.password"),
+        sentinel_password=given.get("redis.sentinelpassword"),
+        cluster=bool_option(given, "redis.cluster", False),
+    )
+    size = positive_int_option(given, "writebatchsize", "writeBatchSize") or 1000
+    return WriteOptions(connection, topic, sink_id, size)
+
+
+def _valid_topic(topic: str) -> str:
+    try:
+        return validate_name(topic, "topic")
+    except ValueError as exc:
+        raise SparkSourceError(f"topic {topic!r}: {exc}") from None
+
+
+class _Router:
+    """Topic -> its topic streams (partition count read once per task), and a row's stream by its first key."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._streams: dict[str, list[str]] = {}
+        self._next = 0
+
+    def stream(self, topic: str, keys: str | None) -> str:
+        streams = self._streams.get(topic)
+        if streams is None:
+            _valid_topic(topic)
+            count = count_of(self.client.hget(topic_meta_key(topic), "partitions"))
+            streams = self._streams[topic] = [k.topic_stream for k in partition_keys_of(topic, count)]
+        if len(streams) == 1:
+            return streams[0]
+        first = keys.split(" ", 1)[0] if keys else ""
+        if first:
+            return streams[zlib.crc32(first.encode()) % len(streams)]
+        self._next += 1
+        return streams[self._next % len(streams)]
+
+
+class _Sender:
+    """Sends XADD commands in batches and checks every reply. On one server: packed by hiredis and written on a
+    connection of the client's pool, the replies read back one by one (redis-py's pipeline spends more time per row
+    than the server does); on a cluster: redis-py's cluster pipeline, which routes each stage to its master."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._conn: Any = None
+        self._pack = None
+        self._pipe: Any = None
+        self._packed: list[bytes] = []
+        if isinstance(client, RedisCluster):
+            self._pipe = client.pipeline(transaction=False)
+        else:
+            self._pack = hiredis_packer(client.connection_pool.connection_kwargs)
+            self._conn = client.connection_pool.get_connection()
+        self.queued = 0
+
+    def add(self, command: list[Any]) -> None:
+        if self._pipe is not None:
+            self._pipe.execute_command(*command)
+        elif self._pack is not None:
+            self._packed.append(self._pack(tuple(command)))
+        else:
+            self._packed.extend(self._conn.pack_command(*command))
+        self.queued += 1
+
+    def flush(self) -> None:
+        if not self.queued:
+            return
+        count, self.queued = self.queued, 0
+        if self._pipe is not None:
+            self._pipe.execute()
+            return
+        packed, self._packed = self._packed, []
+        self._conn.send_packed_command([b"".join(packed)])
+        failure = None
+        for _ in range(count):
+            try:
+                self._conn.read_response()
+            except redis.ResponseError as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self.client.connection_pool.release(self._conn)
+            self._conn = None
+
+
+def _encoder() -> Any:
+    """JSON of a properties map, remembered per distinct map: a column's maps repeat far more often than not."""
+    known: dict[tuple[Any, ...], str] = {}
+
+    def encode(properties: Any) -> str:
+        items = tuple(properties.items() if isinstance(properties, Mapping) else properties)
+        text = known.get(items)
+        if text is None:
+            text = json.dumps(dict(items), separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+            if len(known) < 4096:
+                known[items] = text
+        return text
+
+    return encode
+
+
+def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.RecordBatch]) -> StagedRows:
+    """One task attempt: every row into the stage of its topic stream, in pipelines of ``write_batch_size``."""
+    context = TaskContext.get()
+    partition = context.partitionId() if context else 0
+    attempt = f"{partition}-{context.taskAttemptId() if context else 0}-{os.urandom(4).hex()}"
+    client = options.connection.client()
+    job = WriteJob(client, keys)
+    router = _Router(client)
+    stages: dict[str, str] = {}
+    encode = _encoder()
+    rows = 0
+    sender = _Sender(client)
+    try:
+        for batch in batches:
+            columns = {name.lower(): batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
+            bodies = columns["body"]
+            keys_of = columns.get("keys") or [None] * len(bodies)
+            tags_of = columns.get("tags") or [None] * len(bodies)
+            properties_of = columns.get("properties") or [None] * len(bodies)
+            topics_of = columns.get("topic") or [None] * len(bodies)
+            rows_of = zip(bodies, keys_of, tags_of, properties_of, topics_of, strict=True)
+            for body, row_keys, tags, properties, topic in rows_of:
+                topic = topic or options.topic
+                if body is None or topic is None:
+                    raise SparkSourceError(f"write job {keys.job_id}: a row without a body or a topic")
+                if isinstance(body, str):
+                    body = body.encode()
+                if len(body) > DEFAULT_MAX_MESSAGE_SIZE:
+                    raise SparkSourceError(f"topic {topic!r}: a body of {len(body)} bytes is over 4 MiB")
+                stream = router.stream(topic, row_keys)
+                stage = stages.get(stream)
+                if stage is None:
+                    stage = stages[stream] = job.stage(stream, attempt)
+                command = ["XADD", stage, "*", "transaction_id", f"{keys.job_id}.{partition}.{rows}", "body", body]
+                if row_keys:
+                    command += ["keys", row_keys]
+                if tags:
+                    command += ["tags", tags]
+                if properties:
+                    command += ["properties", encode(properties)]
+                sender.add(command)
+                rows += 1
+                if sender.queued >= options.write_batch_size:
+                    sender.flush()
+        sender.flush()
+    finally:
+        sender.close()
+        client.close()
+    return StagedRows(sorted(stages.values()), rows)
+
+
+def _staged(messages: list[Any]) -> list[str]:
+    return sorted({stage for message in messages if isinstance(message, StagedRows) for stage in message.stages})
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """``df.write.format("redis-txmq")``: the job's rows become visible together (each once) on commit, or never."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+        client = options.connection.client()
+        try:
+            job = WriteJob.new(client)
+            job.register()
+        finally:
+            client.close()
+        self.keys = job.keys
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedRows:
+        return write_rows(self.options, self.keys, iterator)
+
+    def commit(self, messages: list[Any]) -> None:
+        self._settle(lambda job: job.commit(_staged(messages)))
+
+    def abort(self, messages: list[Any]) -> None:
+        self._settle(lambda job: job.abort())
+
+    def _settle(self, action: Any) -> None:
+        client = self.options.connection.client()
+        try:
+            action(WriteJob(client, self.keys))
+        finally:
+            client.close()
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """``writeStream.format("redis-txmq").option("sinkId", ...)``: each micro-batch's rows exactly once, across task
+    retries, speculative tasks, driver crashes and restarts from the checkpoint."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def _keys(self, batch_id: int) -> JobKeys:
+        assert self.options.sink_id is not None
+        return JobKeys.of_batch(self.options.sink_id, batch_id)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedRows:
+        context = TaskContext.get()
+        raw = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
+        if raw is None:
+            raise SparkSourceError(
+                f"sink {self.options.sink_id!r}: the task does not know its micro-batch "
+                f"(no '{BATCH_ID_PROPERTY}' local property); this Spark version is not supported"
+            )
+        keys = self._keys(int(raw))
+        return write_rows(self.options, keys, iterator)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+        self._settle(batchId, lambda job: job.commit(_staged(messages)))
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+        # no ROLLBACK decision: Spark runs the batch again with the same id, which must stay free to commit
+        self._settle(batchId, lambda job: job.discard())
+
+    def _settle(self, batch_id: int, action: Any) -> None:
+        client = self.options.connection.client()
+        try:
+            action(WriteJob(client, self._keys(batch_id)))
+        finally:
+            client.close()

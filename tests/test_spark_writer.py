@@ -1,0 +1,159 @@
+"""The redis-txmq Spark writer on a real Redis with Spark local[2]: a job's rows reach their topics exactly once,
+or never; failed task attempts and replayed micro-batches publish nothing; no stage is left behind."""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # CI sets it: there, a missing pyspark fails instead of skipping
+    pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark,dev]'")
+
+from redis_txmq import create_topic  # noqa: E402
+from redis_txmq.keys import JOB_REGISTRY  # noqa: E402
+from spark_connector.options import SparkSourceError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bodies(client, *streams: str) -> collections.Counter:
+    return collections.Counter(f[b"body"].decode() for s in streams for _, f in client.xrange(s))
+
+
+def stages_left(client) -> list[bytes]:
+    return list(client.scan_iter(match="txmq:*:stage:*")) + list(client.scan_iter(match="txmq:job:*:stages"))
+
+
+def test_a_batch_write_publishes_every_row_once(spark, real_client, redis_url):
+    create_topic(real_client, "audit", 2)
+    rows = [(f"order {n}", f"order-{n}", "orders" if n % 3 else "audit", {"n": str(n)}) for n in range(600)]
+    df = spark.createDataFrame(rows, "body string, keys string, topic string, properties map<string,string>")
+    df.repartition(3).write.format("redis-txmq").option("redis.url", redis_url).mode("append").save()
+    seen = bodies(real_client, "orders", "audit#0", "audit#1")
+    assert seen == {f"order {n}": 1 for n in range(600)}
+    audit = [f for s in ("audit#0", "audit#1") for _, f in real_client.xrange(s)]
+    assert len(audit) == 200 and all(f[b"properties"].startswith(b'{"n":') for f in audit)
+    ids = [f[b"transaction_id"].decode() for _, f in real_client.xrange("orders")]
+    assert len(set(ids)) == 400, "each row has its own transaction id"
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+def test_a_job_whose_task_fails_publishes_nothing_and_leaves_nothing(spark, real_client, redis_url):
+    from pyspark.sql.functions import col, udf
+
+    @udf("string")
+    def fail_late(body):
+        if body == "row 299":
+            raise ValueError("a bad row")
+        return body
+
+    df = spark.range(300).selectExpr("concat('row ', id) as body").repartition(2)
+    with pytest.raises(Exception, match="a bad row"):
+        (
+            df.select(fail_late(col("body")).alias("body"))
+            .write.format("redis-txmq")
+            .option("redis.url", redis_url)
+            .option("topic", "orders")
+            .option("writeBatchSize", "10")
+            .mode("append")
+            .save()
+        )
+    assert real_client.xlen("orders") == 0
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+def test_a_write_without_a_body_or_a_topic_is_refused(spark, redis_url):
+    df = spark.createDataFrame([("x",)], "payload string")
+    with pytest.raises(Exception, match="body"):
+        df.write.format("redis-txmq").option("redis.url", redis_url).option("topic", "orders").mode("append").save()
+    df = spark.createDataFrame([("x",)], "body string")
+    with pytest.raises(Exception, match="topic"):
+        df.write.format("redis-txmq").option("redis.url", redis_url).mode("append").save()
+
+
+def test_write_options_are_checked_on_the_driver():
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark_connector.writer import parse_write_options
+
+    schema = StructType([StructField("body", StringType())])
+    with pytest.raises(SparkSourceError, match="sinkId"):
+        parse_write_options({"topic": "orders"}, schema, streaming=True)
+    with pytest.raises(SparkSourceError, match="unknown option"):
+        parse_write_options({"topic": "orders", "topics": "x"}, schema, streaming=False)
+    options = parse_write_options({"topic": "orders", "sinkId": "s1", "redis.password": "pw"}, schema, True)
+    assert options.sink_id == "s1" and "pw" not in repr(options)
+
+
+def stream_copy(spark, redis_url, checkpoint, **options):
+    source = (
+        spark.readStream.format("redis-txmq")
+        .option("redis.url", redis_url)
+        .option("topics", "source")
+        .option("maxEntriesPerTrigger", "40")
+        .load()
+        .selectExpr("body", "keys")
+    )
+    writer = (
+        source.writeStream.format("redis-txmq")
+        .option("redis.url", redis_url)
+        .option("topic", "copies")
+        .option("sinkId", "copier")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+    )
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    query = writer.start()
+    query.awaitTermination(120)
+    return query
+
+
+def test_a_streaming_write_is_exactly_once_across_a_restart_that_replays_a_batch(
+    spark, real_client, redis_url, tmp_path
+):
+    """A query killed between the sink's commit and the checkpoint's: the restart runs that micro-batch again, and
+    the sink recognises it (its decision, kept under the sinkId) and publishes nothing new."""
+    pipe = real_client.pipeline(transaction=False)
+    for n in range(100):
+        pipe.xadd("source", {"transaction_id": f"t{n}", "body": f"row {n}", "keys": f"k{n}"})
+    pipe.execute()
+    checkpoint = tmp_path / "checkpoint"
+    stream_copy(spark, redis_url, str(checkpoint))
+    assert bodies(real_client, "copies") == {f"row {n}": 1 for n in range(100)}
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    (checkpoint / "commits" / str(last)).unlink()  # the sink committed batch `last`, the checkpoint never recorded it
+    for crc in (checkpoint / "commits").glob(f".{last}.crc"):
+        crc.unlink()
+    stream_copy(spark, redis_url, str(checkpoint))
+    assert bodies(real_client, "copies") == {f"row {n}": 1 for n in range(100)}, "the replayed batch is not republished"
+    pipe = real_client.pipeline(transaction=False)
+    for n in range(100, 130):
+        pipe.xadd("source", {"transaction_id": f"t{n}", "body": f"row {n}", "keys": f"k{n}"})
+    pipe.execute()
+    stream_copy(spark, redis_url, str(checkpoint))
+    assert bodies(real_client, "copies") == {f"row {n}": 1 for n in range(130)}
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+@pytest.mark.slow
+def test_task_retries_in_local_2_3_publish_each_row_once(real_client, redis_url):
+    """Spark local[2,3]: the first attempt of every other task fails after staging some rows; the job commits the
+    retries' stages only (``tests/spark_retry_job.py`` runs its own SparkSession)."""
+    job = subprocess.run(
+        [sys.executable, "-m", "tests.spark_retry_job", redis_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "failed first attempts: " in job.stdout and "failed first attempts: 0" not in job.stdout, job.stdout
+    assert bodies(real_client, "retried") == {f"row {n}": 1 for n in range(400)}
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
