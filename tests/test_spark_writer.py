@@ -157,3 +157,25 @@ def test_task_retries_in_local_2_3_publish_each_row_once(real_client, redis_url)
     assert "failed first attempts: " in job.stdout and "failed first attempts: 0" not in job.stdout, job.stdout
     assert bodies(real_client, "retried") == {f"row {n}": 1 for n in range(400)}
     assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+def test_the_example_pipeline_publishes_its_summary_and_a_consumer_reads_it(spark, real_client, redis_url):
+    import importlib.util
+    import json
+
+    from redis_txmq import Consumer, Message, TransactionProducer
+
+    path = ROOT / "examples" / "order_events_job.py"
+    spec = importlib.util.spec_from_file_location("order_events_job", path)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    with TransactionProducer("shop", checker=lambda m: None, client=real_client) as producer:
+        for i in range(3):
+            body = json.dumps({"order_id": i, "amount": 10.5, "customer": "c"}).encode()
+            with producer.transaction(Message("orders", body)):
+                pass
+    orders = job.parse(spark.read.format("redis-txmq").option("redis.url", redis_url).option("topics", "orders").load())
+    job.publish(job.per_minute(orders), redis_url, "order-stats")
+    with Consumer("order-stats", group="dashboard", client=real_client) as consumer:
+        read = [json.loads(message.body) for message in consumer.poll(timeout=1.0)]
+    assert sum(row["orders"] for row in read) == 3 and sum(row["revenue"] for row in read) == 31.5
