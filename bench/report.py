@@ -71,6 +71,16 @@ def table(results: dict[str, Any]) -> Table:
             + ("" if row["exactly_once"] else " NOT exactly once"),
             f"≥ {TARGETS['checkbacks']:,}",
         )
+    spark_write = results.get("spark_write")
+    if spark_write:
+        out.add_row(
+            f"Spark batch write (local[2]), {spark_write['rows']:,} rows",
+            f"{spark_write['spark_rows_per_s']:,.0f} rows/s",
+            "",
+        )
+        out.add_row("pipelined XADD of the same rows, one process", f"{spark_write['xadd_rows_per_s']:,.0f} rows/s", "")
+        ratio = f"{spark_write['ratio']:.2f}× (rounds {spark_write['ratio_min']:.2f}–{spark_write['ratio_max']:.2f})"
+        out.add_row("  ratio (median of rounds)", ratio, "≥ 1.0×")
     memory = results.get("memory")
     if memory:
         out.add_row("memory per in-flight transaction", f"{memory['in_flight_bytes_per_tx']:,.0f} B", "")

@@ -39,6 +39,9 @@ class BenchOptions:
     memory_transactions: int = 10_000
     memory_wait: bool = True
     cluster: bool = False
+    spark: bool = False
+    spark_rows: int = 200_000
+    spark_rounds: int = 3
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchOptions:
@@ -53,6 +56,8 @@ class BenchOptions:
             in_flight=[200],
             memory_transactions=200,
             memory_wait=False,
+            spark_rows=5_000,
+            spark_rounds=1,
         )
         return cls(**(values | overrides))
 
@@ -124,6 +129,13 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
             options.per_round,
             lambda: progress.advance(task),
         )
+
+        if options.spark:
+            from .spark_write import measure as measure_spark_write
+
+            task = progress.add_task("spark: batch writer / pipelined XADD rounds", total=1)
+            results["spark_write"] = measure_spark_write(url, options.spark_rows, options.spark_rounds)
+            progress.advance(task)
 
         wait = options.memory_wait
         task = progress.add_task("memory: dedupe window", total=memory.settings.dedupe_window if wait else 1)

@@ -635,6 +635,11 @@ def _counts(text: str, option: str) -> list[int]:
     help="Wait out the 60 s dedupe window to measure finished transactions after it (default: yes).",
 )
 @click.option("--cluster", is_flag=True, help="Also run the multi-process loads on a 3-master cluster of its own.")
+@click.option(
+    "--spark",
+    is_flag=True,
+    help="Also measure the Spark connector (local[2]): the batch writer against a pipelined XADD (the spark extra).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), help="Write the results here.")
 @click.option(
     "--plot",
@@ -654,6 +659,7 @@ def bench(
     memory_transactions: int | None,
     memory_wait: bool | None,
     cluster: bool,
+    spark: bool,
     json_path: str | None,
     plot_path: str | None,
 ) -> None:
@@ -679,6 +685,7 @@ def bench(
         "memory_transactions": memory_transactions,
         "memory_wait": memory_wait,
         "cluster": cluster,
+        "spark": spark,
     }
     given = {k: v for k, v in overrides.items() if v is not None}
     if redis_url is not None:
