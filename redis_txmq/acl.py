@@ -1,4 +1,4 @@
-"""Least-privilege ACL rules for each part: a producer, a checker, a consumer and a Spark reader.
+"""Least-privilege ACL rules for each part: a producer, a checker, a consumer, a Spark reader and a Spark writer.
 
 Each rule names only the keys of the part's topics and groups (:mod:`redis_txmq.keys`) and only the commands it
 sends, including those its Lua scripts call: Redis checks every command inside a script against the caller's ACL,
@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .errors import ConfigurationError
-from .keys import CHECKER_INSTANCES, CHECKER_LEVELS, GROUP_REGISTRY, PREFIX, REPLY_STREAM, TOPIC_REGISTRY
+from .keys import (
+    CHECKER_INSTANCES,
+    CHECKER_LEVELS,
+    GROUP_REGISTRY,
+    JOB_REGISTRY,
+    PREFIX,
+    REPLY_STREAM,
+    TOPIC_REGISTRY,
+)
 from .message import validate_name
 
 CONNECTION = ("hello", "ping")
@@ -25,6 +33,8 @@ TRANSACTION_COMMANDS = (
     "time",
     "type",
     "exists",
+    "del",
+    "pexpire",
     "hget",
     "hset",
     "hdel",
@@ -55,8 +65,9 @@ TRANSACTION_COMMANDS = (
     "multi",
     "exec",
 )
-"""A producer's and a checker's: the transaction scripts, heartbeats, check requests and answers (and what
-``txmq status`` reads: the checker's user is enough for it)."""
+"""A producer's and a checker's: the transaction scripts, heartbeats, check requests and answers, decisions of
+transactions of several messages, the settling of write jobs a Spark driver left (and what ``txmq status`` reads:
+the checker's user is enough for it)."""
 CONSUMER_COMMANDS = (
     *CONNECTION,
     *SCRIPTS,
@@ -77,7 +88,29 @@ CONSUMER_COMMANDS = (
 and that dead-letter stream; Redis checks a script call's keys all against one set of permissions (a selector
 cannot hold the XADD apart), so the topic streams are writable by XADD too."""
 SPARK_COMMANDS = (*CONNECTION, "exists", "hget", "xlen", "xrange", "xinfo|stream")
-ROLES = ("producer", "checker", "consumer", "spark")
+SPARK_WRITER_COMMANDS = (
+    *CONNECTION,
+    *SCRIPTS,
+    "time",
+    "del",
+    "pexpire",
+    "hget",
+    "hmget",
+    "hset",
+    "sadd",
+    "smembers",
+    "zadd",
+    "zrem",
+    "xadd",
+    "xlen",
+    "xrange",
+    "xtrim",
+)
+"""A Spark writer's: its stages, its jobs' decisions (and a sink's last batch), publishing into the topic streams."""
+DECISIONS = f"{PREFIX}:decision:*"
+"""Decisions of transactions of several messages: named by random transaction ids, so no narrower pattern fits."""
+JOBS = (JOB_REGISTRY, f"{PREFIX}:job:*", f"{PREFIX}:sink:*")
+ROLES = ("producer", "checker", "consumer", "spark", "spark-writer")
 
 
 def _topic_keys(topics: Iterable[str]) -> list[str]:
@@ -100,7 +133,8 @@ def acl_rules(
     """The ``ACL SETUSER`` arguments (after the user name) for ``role`` on ``topics``, one rule each (a selector,
     in parentheses, is one argument): a producer of
     ``producer_groups`` (one, usually), a checker of every group in ``producer_groups`` (empty: all groups), a
-    consumer in ``consumer_group``, or a Spark reader (read-only keys). Starts with ``resetkeys -@all``."""
+    consumer in ``consumer_group``, a Spark reader (read-only keys) or a Spark writer (its stages, its jobs, the
+    topic streams). Starts with ``resetkeys -@all``."""
     topics = list(topics)
     if role not in ROLES:
         raise ConfigurationError(f"ACL role must be one of {', '.join(ROLES)}, got {role!r}")
@@ -113,12 +147,12 @@ def acl_rules(
         if not groups:
             raise ConfigurationError("ACL rules for a producer: name its producer group")
         keys = _topic_keys(topics) + [f"{PREFIX}:group:{{{g}}}:*" for g in groups]
-        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM]
+        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM, DECISIONS]
         commands = TRANSACTION_COMMANDS
     elif role == "checker":
         group_keys = [f"{PREFIX}:group:{{{g}}}:*" for g in groups] or [f"{PREFIX}:group:*"]
         keys = _topic_keys(topics) + group_keys
-        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM, CHECKER_INSTANCES, CHECKER_LEVELS]
+        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM, CHECKER_INSTANCES, CHECKER_LEVELS, DECISIONS, *JOBS]
         commands = TRANSACTION_COMMANDS
     elif role == "consumer":
         if not consumer_group:
@@ -131,6 +165,9 @@ def acl_rules(
             keys += [f"~{PREFIX}:{{{topic}}}:consumer-dead:{consumer_group}"]
             keys += [f"~{PREFIX}:{{{topic}#*}}:consumer-dead:{consumer_group}"]
         return ["resetkeys", *keys, "resetchannels", "-@all", *(f"+{c}" for c in CONSUMER_COMMANDS)]
+    elif role == "spark-writer":
+        keys = _topic_keys(topics) + list(JOBS)
+        commands = SPARK_WRITER_COMMANDS
     else:
         keys = []
         for topic in topics:

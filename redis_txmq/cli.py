@@ -586,13 +586,13 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
 
 
 @main.command()
-@click.argument("role", type=click.Choice(["producer", "checker", "consumer", "spark"]))
+@click.argument("role", type=click.Choice(["producer", "checker", "consumer", "spark", "spark-writer"]))
 @click.option("--topic", "topics", multiple=True, required=True, help="A topic the part uses (repeat for more).")
 @click.option("--group", "groups", multiple=True, help="Producer group (a producer's; a checker's, else all groups).")
 @click.option("--consumer-group", help="A consumer's consumer group.")
 @click.option("--user", default="txmq-ROLE", show_default=True, help="The ACL user name.")
 def acl(role: str, topics: tuple[str, ...], groups: tuple[str, ...], consumer_group: str | None, user: str) -> None:
-    """Print the least-privilege ACL SETUSER line for a producer, checker, consumer or Spark reader."""
+    """Print the least-privilege ACL SETUSER line for a producer, checker, consumer, Spark reader or writer."""
     from .acl import acl_rules
 
     try:

@@ -97,12 +97,12 @@ class RedisTxmqDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from .writer import BatchWriter, parse_write_options
 
-        return BatchWriter(parse_write_options(self.options, schema, streaming=False))
+        return BatchWriter(parse_write_options(self.options, schema, streaming=False, overwrite=overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .writer import StreamWriter, parse_write_options
 
-        return StreamWriter(parse_write_options(self.options, schema, streaming=True))
+        return StreamWriter(parse_write_options(self.options, schema, streaming=True, overwrite=overwrite))
 
 
 def topic_partitions(client: Any, options: ConnectorOptions) -> list[TopicPartition]:

@@ -71,8 +71,12 @@ class StagedRows(WriterCommitMessage):
     rows: int = 0
 
 
-def parse_write_options(options: Mapping[str, str], schema: StructType, streaming: bool) -> WriteOptions:
+def parse_write_options(
+    options: Mapping[str, str], schema: StructType, streaming: bool, overwrite: bool = False
+) -> WriteOptions:
     """Validate the options and the DataFrame's columns of a batch or streaming write."""
+    if overwrite:
+        raise SparkSourceError("format redis-txmq appends messages to topics and cannot overwrite: use mode('append')")
     given = {key.lower(): value for key, value in options.items()}
     unknown = sorted(set(given) - set(WRITE_OPTIONS) - SPARK_OPTIONS)
     if unknown:

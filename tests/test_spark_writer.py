@@ -76,6 +76,12 @@ def test_a_write_without_a_body_or_a_topic_is_refused(spark, redis_url):
         df.write.format("redis-txmq").option("redis.url", redis_url).mode("append").save()
 
 
+def test_a_write_can_only_append(spark, redis_url):
+    df = spark.createDataFrame([("x",)], "body string")
+    with pytest.raises(Exception, match="cannot overwrite"):
+        df.write.format("redis-txmq").option("redis.url", redis_url).option("topic", "orders").mode("overwrite").save()
+
+
 def test_write_options_are_checked_on_the_driver():
     from pyspark.sql.types import StringType, StructField, StructType
 
