@@ -173,6 +173,9 @@ class ManyState:
         self.transaction_id = new_transaction_id()
         """The id to store with the local transaction's data: a check-back asks about this id."""
         self.parts: list[InFlight] = []
+        self._sends = 0
+        """Every send takes the next index, also one whose prepare failed: a half message it may have written (a
+        durability shortfall) keeps its own id, and no later message is answered with it as a duplicate."""
         self.results: list[TransactionSendResult] | None = None
         """One send result per message, in order, once the transaction was ended (or left to the check-back)."""
 
@@ -186,12 +189,14 @@ class ManyState:
             raise ConfigurationError(
                 f"transaction {self.transaction_id}: already ended; send the messages before it commits"
             )
-        if len(self.parts) >= self.max_messages:
+        if self._sends >= self.max_messages:
             raise InvalidMessageError(
                 f"transaction {self.transaction_id}: at most {self.max_messages} messages in one transaction "
                 "(max_transaction_messages); split the work into several transactions"
             )
-        return new_send(self.producer_group, message, max_message_size, f"{self.transaction_id}.{len(self.parts)}")
+        sent = new_send(self.producer_group, message, max_message_size, f"{self.transaction_id}.{self._sends}")
+        self._sends += 1
+        return sent
 
     def listener_message(self) -> Message:
         """What the listener's ``execute_local_transaction`` receives: the first message, with the transaction's
