@@ -27,10 +27,15 @@ KNOWN_OPTIONS = {
     "startingoffsets": "earliest | latest | JSON {topic: {partition: entry id}}",
     "endingoffsets": "batch only: latest | JSON {topic: {partition: entry id}}",
     "maxentriespertrigger": "streaming: at most this many entries per micro-batch",
-    "readbatchsize": "entries per XRANGE call, default 1000",
+    "readbatchsize": "entries per XRANGE call, default 5000 (each call holds the server a few ms)",
     "minpartitions": "batch: at least this many Spark partitions (ranges of entry ids), default 1",
     "failondataloss": "true (default): fail when unread entries were trimmed or deleted (XDEL); false: warn",
 }
+
+DEFAULT_READ_BATCH_SIZE = 5_000
+"""Entries per XRANGE call and per Arrow batch, as measured on a batch read: pages of 5,000 read as fast as pages of
+10,000 and faster than 2,000 (about 8% in Spark) or 1,000 (a quarter, in one process); 20,000 is slower again.
+Redis builds a page in a few milliseconds and serves nobody else meanwhile: the smaller of the fastest sizes."""
 
 
 class SparkSourceError(ConfigurationError):
@@ -47,7 +52,7 @@ class ConnectorOptions:
     starting_offsets: Any = EARLIEST
     ending_offsets: Any = LATEST
     max_entries_per_trigger: int | None = None
-    read_batch_size: int = 1000
+    read_batch_size: int = DEFAULT_READ_BATCH_SIZE
     fail_on_data_loss: bool = True
     min_partitions: int = 1
 
@@ -102,7 +107,7 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> ConnectorOptio
         starting_offsets=starting,
         ending_offsets=ending,
         max_entries_per_trigger=_positive_int(given, "maxentriespertrigger", "maxEntriesPerTrigger"),
-        read_batch_size=_positive_int(given, "readbatchsize", "readBatchSize") or 1000,
+        read_batch_size=_positive_int(given, "readbatchsize", "readBatchSize") or DEFAULT_READ_BATCH_SIZE,
         fail_on_data_loss=_bool(given, "failondataloss", True),
         min_partitions=_positive_int(given, "minpartitions", "minPartitions") or 1,
     )

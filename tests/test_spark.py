@@ -25,7 +25,7 @@ from redis_txmq import (  # noqa: E402
 from redis_txmq.admin import status  # noqa: E402
 from spark_connector.offsets import START_ID, earlier, later, parse_entry_id  # noqa: E402
 from spark_connector.options import SparkSourceError, parse_options  # noqa: E402
-from spark_connector.source import BatchReader, StreamReader, TopicPartition, split_range  # noqa: E402
+from spark_connector.source import SPLIT_ENTRIES, BatchReader, StreamReader, TopicPartition, split_range  # noqa: E402
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 COLUMNS = ["topic", "partition", "id", "timestamp", "transaction_id", "keys", "tags", "body", "properties"]
@@ -111,7 +111,7 @@ def test_several_topics_and_offsets(spark, real_client, redis_url):
 
 def test_large_stream_is_split_into_ranges():
     part = TopicPartition("orders", 0, "orders")
-    ranges = split_range(part, "0-0", "1000000-5", entry_count=350_000)
+    ranges = split_range(part, "0-0", "1000000-5", entry_count=3 * SPLIT_ENTRIES + SPLIT_ENTRIES // 2)
     assert len(ranges) == 4 and ranges[0].first and not any(r.first for r in ranges[1:])
     assert ranges[0].start == "0-0" and ranges[-1].end == "1000000-5"
     for left, right in zip(ranges, ranges[1:], strict=False):
