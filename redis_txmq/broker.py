@@ -159,9 +159,7 @@ class RedisBroker:
             protocol.decide_result(exc.replies[0], transaction_id)
             raise
         except REDIS_ERRORS as exc:
-            raise TxMQConnectionError(
-                f"transaction {transaction_id}: the decision could not be written ({exc})"
-            ) from exc
+            raise protocol.decide_call_error(exc, transaction_id) from exc
         return protocol.decide_result(reply, transaction_id)
 
     def decisions(self, transaction_ids: list[str]) -> dict[str, LocalTransactionState]:

@@ -32,7 +32,6 @@ from .sending import (
     CheckerListener,
     InFlight,
     ManyState,
-    decision_differs,
     listener_of,
     new_send,
     routing_error,
@@ -235,20 +234,14 @@ class TransactionProducer:
         """Decide once, then end every half message with the decision in one pipeline. A decision that cannot be
         written leaves every message in flight: the check-back asks about the transaction's id."""
         ended: Any = None
-        if state is not LocalTransactionState.UNKNOWN and many.parts:
+        if many.decides(state):
             try:
                 decided, _ = self.broker.decide(many.transaction_id, self.producer_group, state, EndSource.PRODUCER)
-                if decided is not state:
-                    decision_differs(many.transaction_id, state, decided)
-                    state = decided
+                state = many.standing(state, decided)
                 ended = self.broker.end_transactions(many.end_calls(state, remark))
             except TxMQError as exc:
                 ended = exc
-        results = many.finish(state, remark, ended)
-        for part, result in zip(many.parts, results, strict=True):
-            if part.trace is not None:
-                tracing.finish_send(part.trace, result)
-        return results
+        return many.finish(state, remark, ended)
 
     def _end(self, tx: InFlight, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
         if tx.trace is None:

@@ -137,6 +137,10 @@ def decide_args(
     return [transaction_id, producer_group, LocalTransactionState(outcome).value, source.value, keep_ms]
 
 
+def decide_call_error(exc: Exception, transaction_id: str) -> TxMQConnectionError:
+    return TxMQConnectionError(f"transaction {transaction_id}: the decision could not be written ({exc})")
+
+
 def decided(transaction_ids: list[str], outcomes: list[Any]) -> dict[str, LocalTransactionState]:
     """The decisions read back (``HGET outcome`` of each decision), by transaction id; unknown values are skipped."""
     found: dict[str, LocalTransactionState] = {}

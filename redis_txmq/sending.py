@@ -7,6 +7,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from . import tracing
 from .errors import ConfigurationError, InvalidMessageError, PrepareError, TxMQError
 from .keys import TopicKeys
 from .listener import TransactionListener
@@ -221,22 +222,31 @@ class ManyState:
         for i, part in enumerate(self.parts):
             outcome = ended if ended is None or isinstance(ended, TxMQError) else ended[i]
             if outcome is None:
-                results.append(part.result(state, remark))
+                result = part.result(state, remark)
             elif isinstance(outcome, TxMQError):
-                results.append(part.result(state, remark, end_error=part.end_failed(state, outcome)))
+                result = part.result(state, remark, end_error=part.end_failed(state, outcome))
             else:
-                results.append(part.result(state, remark, committed_id=outcome.committed_id))
+                result = part.result(state, remark, committed_id=outcome.committed_id)
+            if part.trace is not None:
+                tracing.finish_send(part.trace, result)
+            results.append(result)
         self.results = results
         return results
 
+    def decides(self, state: LocalTransactionState) -> bool:
+        """Whether ending with ``state`` writes a decision: UNKNOWN (or no message) leaves it to the check-back."""
+        return state is not LocalTransactionState.UNKNOWN and bool(self.parts)
 
-def decision_differs(transaction_id: str, asked: LocalTransactionState, decided: LocalTransactionState) -> None:
-    logger.warning(
-        "tx=%s asked to %s, but the transaction was already decided %s (by a check-back); that decision stands",
-        transaction_id,
-        asked.value,
-        decided.value,
-    )
+    def standing(self, asked: LocalTransactionState, decided: LocalTransactionState) -> LocalTransactionState:
+        """The decision the messages are ended with: the one that stands, logged when a check-back made another."""
+        if decided is not asked:
+            logger.warning(
+                "tx=%s asked to %s, but the transaction was already decided %s (by a check-back); that decision stands",
+                self.transaction_id,
+                asked.value,
+                decided.value,
+            )
+        return decided
 
 
 class CheckerListener(TransactionListener):

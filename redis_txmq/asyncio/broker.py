@@ -173,9 +173,7 @@ class AsyncRedisBroker:
             protocol.decide_result(exc.replies[0], transaction_id)
             raise
         except REDIS_ERRORS as exc:
-            raise TxMQConnectionError(
-                f"transaction {transaction_id}: the decision could not be written ({exc})"
-            ) from exc
+            raise protocol.decide_call_error(exc, transaction_id) from exc
         return protocol.decide_result(reply, transaction_id)
 
     async def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:

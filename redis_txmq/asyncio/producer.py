@@ -29,7 +29,6 @@ from ..sending import (
     HandleState,
     InFlight,
     ManyState,
-    decision_differs,
     listener_of,
     new_send,
     outcome_of_block,
@@ -207,24 +206,19 @@ class TransactionProducer:
         """Decide once, then end every message with the decision (see the sync producer). Shielded: once the
         decision is under way, a cancelled caller does not stop it half-way (the check-back would finish it)."""
         ended: Any = None
-        if state is not LocalTransactionState.UNKNOWN and many.parts:
+        if many.decides(state):
             try:
                 state, ended = await asyncio.shield(self._decide_and_end(many, state, remark))
             except TxMQError as exc:
                 ended = exc
-        results = many.finish(state, remark, ended)
-        for part, result in zip(many.parts, results, strict=True):
-            if part.trace is not None:
-                tracing.finish_send(part.trace, result)
-        return results
+        return many.finish(state, remark, ended)
 
     async def _decide_and_end(
         self, many: ManyState, state: LocalTransactionState, remark: str | None
     ) -> tuple[LocalTransactionState, list[Any]]:
         decided, _ = await self.broker.decide(many.transaction_id, self.producer_group, state, EndSource.PRODUCER)
-        if decided is not state:
-            decision_differs(many.transaction_id, state, decided)
-        return decided, await self.broker.end_transactions(many.end_calls(decided, remark))
+        state = many.standing(state, decided)
+        return state, await self.broker.end_transactions(many.end_calls(state, remark))
 
     async def _end(
         self,
