@@ -6,8 +6,11 @@ sent by :class:`redis_txmq.asyncio.TransactionProducer` with an asyncio listener
 touches ``<ledger>.done`` and keeps answering check-backs until SIGTERM. A share of the orders
 (:data:`HANDLE_SHARE`) goes through a transaction handle (``async with producer.transaction(message)``) instead of
 the listener; such an order that must end UNKNOWN leaves its block through an expired ``asyncio.timeout`` after its
-database work, which leaves the transaction to the check-back. The order book is used through its async methods
-(a thread for SQLite, the asyncio engine for PostgreSQL), the journal from threads."""
+database work, which leaves the transaction to the check-back. An order of several messages goes through
+``send_messages_in_transaction``, or through ``async with producer.transaction() as tx`` and a ``tx.send`` per
+message, and dies after its decision when the fault ``decided`` asks (see :mod:`.producer_worker`). The order book
+is used through its async methods (a thread for SQLite, the asyncio engine for PostgreSQL), the journal from
+threads."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import redis
 
 from redis_txmq import LocalTransactionState, Message, PrepareError, Settings, TransactionSendResult, TxMQError
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
+from redis_txmq.asyncio.producer import AsyncTransaction, AsyncTransactionOfMany
 from redis_txmq.sending import HandleState
 
 from .ledger import Ledger
@@ -31,9 +35,11 @@ from .producer_worker import (
     WRITES_ROW,
     LocalTransactionFailed,
     OrderBook,
+    journal_of,
+    kill_after_decision,
+    kill_flag,
     order,
     order_book,
-    outcome_of,
 )
 
 logger = logging.getLogger("faults.async_producer")
@@ -75,6 +81,13 @@ class AsyncOrderService(TransactionListener):
         return await self.book.check_async(message)
 
 
+def results_of(tx: AsyncTransaction | AsyncTransactionOfMany) -> list[TransactionSendResult]:
+    """A handle's send results, one per message (none if it has no result: a finding)."""
+    if isinstance(tx, AsyncTransactionOfMany):
+        return tx.results
+    return [] if tx.result is None else [tx.result]
+
+
 class Sender:
     """Sends this slot's orders and journals each one (``(handle)`` marks the outcome of a handle's send); counts
     the sends in flight together."""
@@ -86,16 +99,23 @@ class Sender:
         self.most_in_flight = 0
         self.by_handle = 0
 
-    async def with_handle(self, message: Message, behaviour: str) -> TransactionSendResult | None:
-        """The order as the body of a transaction handle: COMMIT by leaving the block, ROLLBACK by
-        ``tx.rollback()`` or by raising, UNKNOWN by a timeout that cancels the block."""
+    async def with_handle(self, messages: tuple[Message, ...], behaviour: str) -> list[TransactionSendResult]:
+        """The order as the body of a transaction handle (of its message, or of several sent with ``tx.send``):
+        COMMIT by leaving the block, ROLLBACK by ``tx.rollback()`` or by raising, UNKNOWN by a timeout that cancels
+        the block."""
         loop = asyncio.get_running_loop()
+        tx = self.producer.transaction(messages[0]) if len(messages) == 1 else self.producer.transaction()
         try:
             async with asyncio.timeout(None) as deadline:
-                async with self.producer.transaction(message) as tx:
-                    if behaviour in WRITES_ROW and not await self.service.commit_order(tx):
+                async with tx:
+                    row: HandleState | Message = tx
+                    if isinstance(tx, AsyncTransactionOfMany):
+                        for message in messages:
+                            await tx.send(message)
+                        row = messages[0].copy_for_send(tx.transaction_id)
+                    if behaviour in WRITES_ROW and not await self.service.commit_order(row):
                         await tx.rollback()
-                        return tx.result
+                        return results_of(tx)
                     if behaviour.startswith("unknown"):
                         deadline.reschedule(loop.time() + TIMED_OUT)
                     await asyncio.sleep(AFTER_COMMIT)
@@ -108,32 +128,34 @@ class Sender:
         except asyncio.TimeoutError:
             if not deadline.expired():
                 raise
-        return tx.result
+        return results_of(tx)
 
-    async def send(self, own: Ledger, n: int, behaviour: str, message: Message, handle: bool) -> None:
+    async def send(self, own: Ledger, n: int, behaviour: str, messages: tuple[Message, ...], handle: bool) -> None:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
             if handle:
                 self.by_handle += 1
-                result = await self.with_handle(message, behaviour)
+                results = await self.with_handle(messages, behaviour)
+            elif len(messages) == 1:
+                results = [await self.producer.send_message_in_transaction(messages[0], behaviour)]
             else:
-                result = await self.producer.send_message_in_transaction(message, behaviour)
+                results = await self.producer.send_messages_in_transaction(list(messages), behaviour)
         except PrepareError as exc:
-            logger.warning("order %s: %s", message.keys, exc)
+            logger.warning("order %s: %s", messages[0].keys, exc)
             await asyncio.to_thread(own.finish_attempt, n, None, "prepare_failed")
             return
         except Exception as exc:  # noqa: BLE001 - anything else is a finding: journal it and keep sending
-            logger.exception("order %s: send raised", message.keys)
+            logger.exception("order %s: send raised", messages[0].keys)
             await asyncio.to_thread(own.finish_attempt, n, None, f"raised {type(exc).__name__}")
             return
         finally:
             self.in_flight -= 1
-        if result is None:
+        if not results:
             await asyncio.to_thread(own.finish_attempt, n, None, "raised nothing, but the handle has no result")
             return
-        outcome = outcome_of(result, self.service.fenced) + (" (handle)" if handle else "")
-        await asyncio.to_thread(own.finish_attempt, n, result.transaction_id, outcome)
+        transaction_id, outcome = journal_of(results, self.service.fenced)
+        await asyncio.to_thread(own.finish_attempt, n, transaction_id, outcome + (" (handle)" if handle else ""))
 
     async def send_orders(self, config: dict[str, Any], slot: int, stop: asyncio.Event) -> bool:
         """Send this slot's orders in rounds of :data:`IN_FLIGHT`, ``rate`` per second; False if stopped first."""
@@ -150,10 +172,10 @@ class Sender:
             next_at = max(next_at + interval, loop.time())
             sends = []
             for k in range(n, min(n + IN_FLIGHT, quota)):
-                order_id, behaviour, message, choice = order(config, slot, k)
+                order_id, behaviour, messages, choice = order(config, slot, k)
                 handle = behaviour != "raise_row" and choice.random() < HANDLE_SHARE
                 await asyncio.to_thread(own.begin_attempt, k, order_id, behaviour)
-                sends.append(self.send(own, k, behaviour, message, handle))
+                sends.append(self.send(own, k, behaviour, messages, handle))
             await asyncio.gather(*sends)
             n += len(sends)
         return True
@@ -185,6 +207,7 @@ async def serve(config: dict[str, Any], slot: int) -> None:
     settings = Settings(redis_url=config["redis_url"], **config["settings"])
     oneway_end = slot in config["oneway_slots"]
     producer = await start_producer(config["producer_group"], service, settings, oneway_end, stop)
+    kill_after_decision(producer, kill_flag(config["ledgers"][slot]), config["seed"] + slot)
     logger.info("asyncio producer %s started", producer.instance_id)
     sender = Sender(producer, service)
     if await sender.send_orders(config, slot, stop):

@@ -23,6 +23,7 @@ import redis
 from redis_txmq import create_topic
 
 from .ledger import Ledger
+from .producer_worker import kill_flag
 from .proxy import FaultProxy
 from .redis_server import RedisServer
 
@@ -261,9 +262,25 @@ class System:
                 worker.kill()
                 worker.start()
 
+    def kill_after_decision(self, slot: int, timeout: float) -> bool:
+        """Have producer ``slot`` SIGKILL itself right after its next decision of a transaction of several messages
+        (having ended a random number of them); True if it did within ``timeout`` seconds, else it is SIGKILLed
+        anyway (its sends may not bring such a decision in time). The producer stays down until restarted."""
+        flag, victim = kill_flag(self.ledgers[slot].path), self.producers[slot]
+        flag.touch()
+        victim.wait(timeout)
+        landed = victim.exited() is not None
+        flag.unlink(missing_ok=True)
+        victim.kill()
+        return landed
+
+    def sent(self, slot: int) -> bool:
+        """Producer ``slot`` has sent its quota."""
+        return Path(f"{self.ledgers[slot].path}.done").exists()
+
     def all_sent(self) -> bool:
         """Every producer slot has sent its quota."""
-        return all(Path(f"{ledger.path}.done").exists() for ledger in self.ledgers)
+        return all(self.sent(slot) for slot in range(len(self.ledgers)))
 
     def logs(self, lines: int = 25) -> str:
         """The tail of every worker's log, for a failure message."""

@@ -5,7 +5,11 @@ id, as a real service stores it for the check-back), and an ``aborted`` tombston
 check-back found without a row: from then on the local transaction can no longer commit it. Without the tombstone
 a check that overtakes a slow local transaction (its prepare reply held up by a blackhole) would answer ROLLBACK
 for an order that commits a moment later. ``attempts`` is the service's journal of its sends, for counting and for
-resuming after a restart."""
+resuming after a restart.
+
+An order row's ``topic`` is its message's topic, or, for a transaction of several messages, the topics of its
+messages in order, separated by spaces (:func:`recorded_topics`); :func:`expected_messages` turns the rows into the
+messages the topic streams must hold."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import collections
 import sqlite3
 import threading
 from pathlib import Path
+
+from redis_txmq import Message
 
 COMMITTED, ABORTED = "committed", "aborted"
 
@@ -24,6 +30,25 @@ CREATE TABLE IF NOT EXISTS attempts (
     n INTEGER PRIMARY KEY, order_id TEXT NOT NULL, behaviour TEXT NOT NULL, transaction_id TEXT, outcome TEXT
 );
 """
+
+
+def recorded_topics(message: Message) -> str:
+    """What an order row records as its topic: the topics of the order's messages (property ``parts``, on every
+    message of a transaction of several), else the message's own."""
+    return dict(message.properties or {}).get("parts") or message.topic
+
+
+def expected_messages(committed: dict[str, str]) -> dict[str, str]:
+    """Transaction id -> topic of every message the committed orders must have published: an order of several
+    messages ``X`` published message ``i`` as ``X.i``."""
+    expected: dict[str, str] = {}
+    for transaction_id, recorded in committed.items():
+        topics = recorded.split()
+        if len(topics) == 1:
+            expected[transaction_id] = recorded
+        else:
+            expected |= {f"{transaction_id}.{i}": topic for i, topic in enumerate(topics)}
+    return expected
 
 
 class Ledger:

@@ -22,6 +22,8 @@ from redis_txmq import ConsumedMessage, LocalTransactionState, Message
 from redis_txmq.sending import HandleState
 from redis_txmq.sqlalchemy import Inbox, TransactionLog
 
+from .ledger import recorded_topics
+
 LOCAL_TRANSACTION_MAX_SECONDS = 5.0
 """Above the longest local transaction of the suite (its pause after the database work, and the prepare held up by a
 fault before it): a younger transaction without a row is asked about again rather than fenced."""
@@ -73,7 +75,7 @@ class OrderDatabase:
         return {
             "transaction_id": message.transaction_id,
             "order_id": dict(message.properties or {})["order"],
-            "topic": message.topic,
+            "topic": recorded_topics(message),
         }
 
     def commit_order(self, transaction: HandleState | Message) -> bool:
@@ -102,7 +104,7 @@ class OrderDatabase:
         return await log.check_async(self.async_engine, message)
 
     def committed(self) -> dict[str, str]:
-        """Transaction id -> topic of every committed order (the ground truth)."""
+        """Transaction id -> topic(s) of every committed order (the ground truth, as the ledgers record it)."""
         with self.engine.connect() as db:
             return {tx: topic for tx, topic in db.execute(select(orders.c.transaction_id, orders.c.topic))}
 

@@ -6,6 +6,11 @@ after a restart), touches ``<ledger>.done``, then keeps answering check-backs un
 ``oneway_slots`` send with ``oneway_end=True``: ends queued when the process is killed are repaired by check-back.
 The asyncio producer's slot is served by :mod:`.async_producer_worker` instead, with the same orders and ledger.
 
+A share of the orders (:data:`MANY_SHARE`) is a transaction of several messages over both topics and their
+partitions (``send_messages_in_transaction``). While the slot's :func:`kill_flag` file exists, the next such
+transaction that is decided SIGKILLs its process after the decision and a random number of its messages' ends
+(the fault ``decided``): the checker must finish the roll-forward or roll-back from the decision.
+
 Where the orders live (:func:`order_book`): each slot's SQLite ledger, or, when the config has a ``database_url``,
 the service's PostgreSQL database with its transaction log (:mod:`.pg_databases`); the journal of sends stays in the
 slot's ledger either way."""
@@ -13,8 +18,10 @@ slot's ledger either way."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -37,7 +44,7 @@ from redis_txmq import (
 )
 from redis_txmq.sending import HandleState
 
-from .ledger import Ledger
+from .ledger import Ledger, recorded_topics
 
 logger = logging.getLogger("faults.producer")
 
@@ -50,12 +57,19 @@ AFTER_COMMIT = 0.05
 and the end call, which only the check-back can repair."""
 
 
+MANY_SHARE = 0.2
+"""Share of the orders sent as a transaction of several messages (:data:`MANY_PARTS` of them)."""
+MANY_PARTS = (2, 4)
+"""How many messages such an order sends, at least and at most: each on a topic and key of its own draw."""
+
+
 class Order(NamedTuple):
-    """Order ``<slot>-<n>``: what its local transaction does and the message it sends."""
+    """Order ``<slot>-<n>``: what its local transaction does and the messages it sends (one, or several in one
+    transaction: every one carries the order's topics in the property ``parts``, which the ground truth records)."""
 
     order_id: str
     behaviour: str
-    message: Message
+    messages: tuple[Message, ...]
     choice: random.Random
     """The random source the order was drawn from, for any further choice about it."""
 
@@ -64,15 +78,98 @@ def order(config: dict[str, Any], slot: int, n: int) -> Order:
     """Order ``<slot>-<n>`` as the seed says (the same in every run of a seed, and after a restart)."""
     choice = random.Random(f"{config['seed']}/{slot}/{n}")
     behaviour = choice.choices(list(BEHAVIOURS), weights=list(BEHAVIOURS.values()))[0]
-    topic, order_id = choice.choice(config["topics"]), f"{slot}-{n}"
-    body, properties = json.dumps({"order": order_id}).encode(), {"service": str(slot), "order": order_id}
-    return Order(order_id, behaviour, Message(topic, body, keys=order_id, properties=properties), choice)
+    order_id = f"{slot}-{n}"
+    properties = {"service": str(slot), "order": order_id}
+    if choice.random() >= MANY_SHARE:
+        body = json.dumps({"order": order_id}).encode()
+        message = Message(choice.choice(config["topics"]), body, keys=order_id, properties=properties)
+        return Order(order_id, behaviour, (message,), choice)
+    topics = [choice.choice(config["topics"]) for _ in range(choice.randint(*MANY_PARTS))]
+    properties["parts"] = " ".join(topics)
+    messages = tuple(
+        Message(
+            topic, json.dumps({"order": order_id, "part": i}).encode(), keys=f"{order_id}/{i}", properties=properties
+        )
+        for i, topic in enumerate(topics)
+    )
+    return Order(order_id, behaviour, messages, choice)
 
 
-def outcome_of(result: TransactionSendResult, fenced: set[str]) -> str:
-    """What the journal records for a send that returned."""
-    outcome = "fenced" if result.transaction_id in fenced else result.local_transaction_state.value
-    return outcome + (" end_error" if result.end_error else "")
+def outcome_of(result: TransactionSendResult, fenced: set[str], transaction_id: str | None = None) -> str:
+    """What the journal records for a send that returned (of a message of transaction ``transaction_id``)."""
+    fence = "fenced" if (transaction_id or result.transaction_id) in fenced else result.local_transaction_state.value
+    return fence + (" end_error" if result.end_error else "")
+
+
+def journal_of(results: list[TransactionSendResult], fenced: set[str]) -> tuple[str, str]:
+    """The transaction id and the outcome the journal records for an order's send: a transaction of several
+    messages by its own id (the one its order row and the check-back use), with the end errors counted."""
+    if len(results) == 1:
+        return results[0].transaction_id, outcome_of(results[0], fenced)
+    transaction_id = results[0].transaction_id.rpartition(".")[0]
+    outcome = outcome_of(results[0], fenced, transaction_id).split()[0]
+    failed = sum(1 for result in results if result.end_error)
+    return transaction_id, f"{outcome} (of {len(results)})" + (f" end_error {failed}" if failed else "")
+
+
+KILL_AFTER_DECISION = ".kill-after-decision"
+_armed: contextvars.ContextVar[bool] = contextvars.ContextVar("armed", default=False)
+"""Set by the wrapped ``decide`` of :func:`kill_after_decision` in the send whose decision it wrote while the flag
+was up. A context variable, so that the ends of the one-way flusher (its own thread or task) never see it."""
+
+
+def kill_flag(ledger_path: str | Path) -> Path:
+    """The file that asks a slot's producer to die right after its next decision (:func:`kill_after_decision`)."""
+    return Path(f"{ledger_path}{KILL_AFTER_DECISION}")
+
+
+def kill_after_decision(producer: Any, flag: Path, seed: int) -> None:
+    """Wrap the producer's ``broker.decide`` and ``broker.end_transactions`` (sync or asyncio): once ``flag``
+    exists, the next transaction of several messages whose decision is written ends a random number of its
+    messages (none to all but one), removes the flag and SIGKILLs the process."""
+    broker, rng = producer.broker, random.Random(seed)
+    decide, end_transactions = broker.decide, broker.end_transactions
+
+    def arm(decided: Any) -> Any:
+        if flag.exists():
+            _armed.set(True)
+        return decided
+
+    def last_ends(ends: list[Any]) -> list[Any]:
+        flag.unlink(missing_ok=True)
+        first = ends[: rng.randrange(len(ends))]
+        logger.warning("fault: SIGKILL after the decision and %d of %d ends", len(first), len(ends))
+        return first
+
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if asyncio.iscoroutinefunction(decide):
+
+        async def decide_async(*args: Any, **kwargs: Any) -> Any:
+            return arm(await decide(*args, **kwargs))
+
+        async def end_transactions_async(ends: list[Any]) -> Any:
+            if not _armed.get():
+                return await end_transactions(ends)
+            if first := last_ends(ends):
+                await end_transactions(first)
+            die()
+
+        broker.decide, broker.end_transactions = decide_async, end_transactions_async
+    else:
+
+        def decide_sync(*args: Any, **kwargs: Any) -> Any:
+            return arm(decide(*args, **kwargs))
+
+        def end_transactions_sync(ends: list[Any]) -> Any:
+            if not _armed.get():
+                return end_transactions(ends)
+            if first := last_ends(ends):
+                end_transactions(first)
+            die()
+
+        broker.decide, broker.end_transactions = decide_sync, end_transactions_sync
 
 
 class LocalTransactionFailed(Exception):
@@ -103,7 +200,7 @@ class LedgerBook:
     def commit_order(self, transaction: HandleState | Message) -> bool:
         message = transaction.message if isinstance(transaction, HandleState) else transaction
         order_id = dict(message.properties or {})["order"]
-        return self.own.commit_order(message.transaction_id or "", order_id, message.topic)
+        return self.own.commit_order(message.transaction_id or "", order_id, recorded_topics(message))
 
     async def commit_order_async(self, transaction: HandleState | Message) -> bool:
         return await asyncio.to_thread(self.commit_order, transaction)
@@ -172,10 +269,13 @@ def send_orders(
         if stop.wait(max(0.0, next_at - time.monotonic())):
             return False
         next_at = max(next_at + interval, time.monotonic())
-        order_id, behaviour, message, _ = order(config, slot, n)
+        order_id, behaviour, messages, _ = order(config, slot, n)
         own.begin_attempt(n, order_id, behaviour)
         try:
-            result = producer.send_message_in_transaction(message, behaviour)
+            if len(messages) == 1:
+                results = [producer.send_message_in_transaction(messages[0], behaviour)]
+            else:
+                results = producer.send_messages_in_transaction(list(messages), behaviour)
         except PrepareError as exc:
             logger.warning("order %s: %s", order_id, exc)
             own.finish_attempt(n, None, "prepare_failed")
@@ -184,7 +284,7 @@ def send_orders(
             logger.exception("order %s: send raised", order_id)
             own.finish_attempt(n, None, f"raised {type(exc).__name__}")
             continue
-        own.finish_attempt(n, result.transaction_id, outcome_of(result, service.fenced))
+        own.finish_attempt(n, *journal_of(results, service.fenced))
     return True
 
 
@@ -198,6 +298,7 @@ def main(config_path: str, slot_arg: str) -> None:
     settings = Settings(redis_url=config["redis_url"], **config["settings"])
     oneway_end = slot in config["oneway_slots"]
     producer = start_producer(config["producer_group"], service, settings, oneway_end, stop)
+    kill_after_decision(producer, kill_flag(config["ledgers"][slot]), config["seed"] + slot)
     logger.info("producer %s started", producer.instance_id)
     if send_orders(producer, service, config, slot, stop):
         Path(f"{config['ledgers'][slot]}.done").touch()

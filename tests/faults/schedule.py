@@ -9,12 +9,18 @@ from dataclasses import dataclass
 
 from .harness import System
 
-KINDS = ("reset", "blackhole", "delay", "redis", "producer", "checker", "consumer")
+KINDS = ("reset", "blackhole", "delay", "redis", "producer", "checker", "consumer", "decided")
 """Proxy: reset every connection, blackhole, added latency. Redis: SIGKILL and restart on the same port and data
-directory. Processes: SIGKILL of one producer, checker or consumer, and its restart.
+directory. Processes: SIGKILL of one producer, checker or consumer, and its restart; ``decided``: a producer
+SIGKILLs itself between the decision of its next transaction of several messages and the end of all of them.
 
 A reset comes while the proxy holds the traffic of the last ``latency`` seconds: commands that reached Redis lose
 their reply, and redis-py's retries of them must change nothing."""
+
+
+DECIDED_WAIT = 10.0
+"""How long a ``decided`` fault waits for the producer's next decision of several messages before it falls back to
+a plain SIGKILL."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class Fault:
             return f"delay {self.latency * 1000:.0f} ms for {self.seconds:.1f} s"
         if self.kind == "redis":
             return f"SIGKILL redis, down {self.seconds:.1f} s"
+        if self.kind == "decided":
+            return f"SIGKILL producer #{self.target} after its next decision, down {self.seconds:.1f} s"
         return f"SIGKILL {self.kind} #{self.target}, down {self.seconds:.1f} s"
 
 
@@ -51,8 +59,9 @@ def plan(seed: int) -> Iterator[Fault]:
         yield Fault(kind, seconds, rng.uniform(0.02, 0.3), rng.randrange(1000), rng.uniform(1.0, 3.0))
 
 
-def inject(fault: Fault, system: System) -> None:
-    """Apply one fault; a kill returns once the victim has been started again."""
+def inject(fault: Fault, system: System) -> bool:
+    """Apply one fault; a kill returns once the victim has been started again. False when a ``decided`` fault fell
+    back to a plain kill."""
     if fault.kind == "reset":
         system.proxy.delay(fault.latency, fault.latency * 2)
         time.sleep(fault.latency)
@@ -65,9 +74,17 @@ def inject(fault: Fault, system: System) -> None:
         system.server.kill()
         time.sleep(fault.seconds)
         system.server.start()
+    elif fault.kind == "decided":
+        sending = [slot for slot in range(len(system.producers)) if not system.sent(slot)]
+        slot = (sending or list(range(len(system.producers))))[fault.target % (len(sending) or len(system.producers))]
+        landed = system.kill_after_decision(slot, DECIDED_WAIT)
+        time.sleep(fault.seconds)
+        system.producers[slot].start()
+        return landed
     else:
         workers = {"producer": system.producers, "checker": system.checkers, "consumer": system.consumers}[fault.kind]
         victim = workers[fault.target % len(workers)]
         victim.kill()
         time.sleep(fault.seconds)
         victim.start()
+    return True
