@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from . import entries
 from .broker import RedisBroker
 from .connection import server_info, server_nodes
 from .durability import has_waitaof
-from .errors import TransactionNotFoundError
+from .errors import TransactionConflictError, TransactionNotFoundError
 from .keys import (
     CHECKER_INSTANCES,
     CHECKER_LEVELS,
     GROUP_REGISTRY,
+    JOB_REGISTRY,
     TOPIC_REGISTRY,
     GroupKeys,
     TopicKeys,
     topic_keys_of_stream,
 )
-from .message import validate_name
-from .protocol import DeadAction, EndResult
+from .message import LocalTransactionState, validate_name
+from .protocol import DeadAction, EndResult, EndSource
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +104,27 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
         "topics": topics,
         "producer_groups": groups,
         "checkers": {"live_instances": checkers, "durability": checker_levels},
+        "write_jobs": write_jobs(client, now),
     }
+
+
+WRITE_JOBS_READ = 1000
+"""How many of the oldest unsettled write jobs :func:`write_jobs` reads the decision of."""
+
+
+def write_jobs(client: Any, now_ms: int) -> dict[str, Any]:
+    """The Spark write jobs not settled yet (``txmq:jobs``): how many, how many of them (among the
+    :data:`WRITE_JOBS_READ` oldest) are decided and wait for their publishing to finish, and the oldest one's age. A
+    job stays listed while its driver runs it; one left by a dead driver is settled by ``txmq checker``."""
+    listed = client.zrange(JOB_REGISTRY, 0, WRITE_JOBS_READ - 1, withscores=True)
+    decided = 0
+    if listed:
+        pipe = client.pipeline(transaction=False)
+        for member, _ in listed:
+            pipe.hexists(entries.text(member) or "", "outcome")
+        decided = sum(1 for found in pipe.execute() if found)
+    oldest = max(0.0, (now_ms - listed[0][1]) / 1000) if listed else None
+    return {"unsettled": int(client.zcard(JOB_REGISTRY)), "decided": decided, "oldest_age_seconds": oldest}
 
 
 def _levels(client: Any, instances_key: str, levels_key: str, live_from: int) -> dict[str, int]:
@@ -238,13 +260,78 @@ def find_dead_transaction(client: Any, transaction_id: str, topic: str | None = 
     )
 
 
+@dataclass(frozen=True)
+class DeadResolution:
+    """One dead-lettered message resolved: its topic partition, its id and what ``lua/dead_resolve.lua`` answered."""
+
+    keys: TopicKeys
+    transaction_id: str
+    result: EndResult
+
+
+def _dead_letter_fields(client: Any, keys: TopicKeys, transaction_id: str) -> dict[bytes, bytes]:
+    """The fields of a dead letter ({} when the transaction is no longer dead-lettered)."""
+    dead_id = client.hget(keys.dead_index, transaction_id)
+    found = client.xrange(keys.dead_stream, dead_id, dead_id) if dead_id else []
+    return entries.field_map(found[0][1]) if found else {}
+
+
+def dead_messages_of(client: Any, parent_transaction_id: str) -> list[tuple[TopicKeys, str]]:
+    """Every dead-lettered message of the transaction of several messages ``parent_transaction_id`` (message ``i``
+    is ``<parent>.<i>``), in any registered topic."""
+    pattern = _glob_escape(parent_transaction_id) + ".*"
+    return [
+        (keys, entries.text(member) or "")
+        for keys in registered_topics(client)
+        for member, _ in client.hscan_iter(keys.dead_index, match=pattern, count=1000)
+    ]
+
+
+def resolve_dead_transaction(
+    broker: RedisBroker, transaction_id: str, action: DeadAction, topic: str | None = None, remark: str = ""
+) -> tuple[str, list[DeadResolution]]:
+    """Commit, roll back or re-check a dead-lettered transaction, named by its id or a unique prefix of it, finding
+    its topic when not given. Returns the id of the transaction of several messages it belongs to ('' for one
+    message) and what was resolved.
+
+    A message of a transaction of several is never resolved alone: COMMIT or ROLLBACK first writes that transaction's
+    decision (``lua/decide_transaction.lua``; the first decision stands, :class:`TransactionConflictError` when it is
+    the other one), then resolves every dead-lettered message of the transaction with it; its messages still in
+    flight are ended with the decision by the checker. RECHECK puts them all back in flight. Running it again after
+    a crash finishes the job: the decision is written once and each resolution is idempotent."""
+    client = broker.client
+    keys, whole_id = find_dead_transaction(client, transaction_id, topic)
+    fields = _dead_letter_fields(client, keys, whole_id)
+    parent = entries.text(fields.get(entries.PARENT_TRANSACTION_ID)) or ""
+    if not fields and "." in whole_id:  # resolved before: its decision says what a repeat may do
+        parent = whole_id.rpartition(".")[0]
+    if not parent:
+        return "", [DeadResolution(keys, whole_id, broker.resolve_dead(keys, whole_id, action, remark))]
+    if action is not DeadAction.RECHECK:
+        asked = LocalTransactionState(action.value)
+        if fields:
+            group = entries.text(fields.get(entries.PRODUCER_GROUP)) or ""
+            decided, _ = broker.decide(parent, group, asked, EndSource.OPERATOR)
+        else:
+            decided = broker.decisions([parent]).get(parent, asked)
+        if decided is not asked:
+            raise TransactionConflictError(
+                f"transaction {whole_id} on {keys.topic_stream} belongs to transaction {parent} of several messages, "
+                f"which was decided {decided.value}; its messages follow that decision: run "
+                f"`txmq dead {decided.value.lower()} {whole_id}`",
+                topic=keys.topic,
+                transaction_id=whole_id,
+            )
+    named = [(keys, whole_id)] + [found for found in dead_messages_of(client, parent) if found != (keys, whole_id)]
+    return parent, [DeadResolution(k, txid, broker.resolve_dead(k, txid, action, remark)) for k, txid in named]
+
+
 def resolve_dead(
     broker: RedisBroker, transaction_id: str, action: DeadAction, topic: str | None = None, remark: str = ""
 ) -> tuple[TopicKeys, EndResult]:
-    """Commit, roll back or re-check a dead-lettered transaction, named by its id or a unique prefix of it, finding
-    its topic when not given."""
-    keys, whole_id = find_dead_transaction(broker.client, transaction_id, topic)
-    return keys, broker.resolve_dead(keys, whole_id, action, remark)
+    """:func:`resolve_dead_transaction`, answering for the named message only."""
+    _, resolved = resolve_dead_transaction(broker, transaction_id, action, topic, remark)
+    return resolved[0].keys, resolved[0].result
 
 
 def forget_producer_group(client: Any, producer_group: str) -> bool:

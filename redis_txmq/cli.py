@@ -469,6 +469,13 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
     console.print(topics, groups)
     checkers = report["checkers"]
     console.print(f"live checkers: {checkers['live_instances']} (durability: {_levels(checkers['durability'])})")
+    jobs = report["write_jobs"]
+    if jobs["unsettled"]:
+        console.print(
+            f"write jobs not settled: {jobs['unsettled']} ({jobs['decided']} decided, publishing), "
+            f"oldest {jobs['oldest_age_seconds']:.1f} s",
+            highlight=False,
+        )
 
 
 def _levels(counts: dict[str, int]) -> str:
@@ -528,35 +535,43 @@ def _dead_action(name: str, help_text: str) -> None:
     @cluster_option
     @click.option("--topic", help="The topic, when the id could be in several.")
     def command(transaction_id: str, redis_url: str | None, cluster: bool | None, topic: str | None) -> None:
-        from .admin import find_dead_transaction
+        from .admin import resolve_dead_transaction
         from .broker import RedisBroker
 
         settings = _settings(redis_url=redis_url, cluster=cluster)
-        client = _client(settings)
-        keys, whole_id = find_dead_transaction(client, transaction_id, topic)
-        result = RedisBroker(client, settings).resolve_dead(keys, whole_id, action)
-        repeat = "" if result.applied else " (already done: nothing changed)"
-        committed = f", topic entry {result.committed_id}" if result.committed_id else ""
-        console.print(
-            f"transaction {whole_id} on {keys.topic_stream}: {result.state}{committed}{repeat}",
-            highlight=False,
-            soft_wrap=True,
-        )
+        broker = RedisBroker(_client(settings), settings)
+        parent, resolved = resolve_dead_transaction(broker, transaction_id, action, topic)
+        if parent:
+            console.print(
+                f"transaction {parent} of several messages: its dead-lettered messages follow {action.value}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        for one in resolved:
+            result = one.result
+            repeat = "" if result.applied else " (already done: nothing changed)"
+            committed = f", topic entry {result.committed_id}" if result.committed_id else ""
+            console.print(
+                f"transaction {one.transaction_id} on {one.keys.topic_stream}: {result.state}{committed}{repeat}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 _dead_action(
     "commit",
-    "Commit a dead-lettered transaction (its id, or a unique prefix of it): its message is appended to the topic once.",
+    "Commit a dead-lettered transaction (its id, or a unique prefix of it): its message is appended to the topic once. "
+    "A message of a transaction of several commits that transaction (its decision) and all its dead-lettered messages.",
 )
 _dead_action(
     "rollback",
     "Roll back a dead-lettered transaction (its id, or a unique prefix of it): its message is dropped, with an op "
-    "record.",
+    "record. A message of a transaction of several rolls back that transaction and all its dead-lettered messages.",
 )
 _dead_action(
     "recheck",
     "Put a dead-lettered transaction (its id, or a unique prefix of it) back in flight, check count reset, checked "
-    "right away.",
+    "right away; for a message of a transaction of several, all its dead-lettered messages.",
 )
 
 

@@ -88,7 +88,7 @@ class StreamRange(InputPartition):
 
 class RedisTxmqDataSource(DataSource):
     """``spark.read.format("redis-txmq")`` / ``spark.readStream.format("redis-txmq")``, and the same for writing
-(:mod:`spark_connector.writer`)."""
+    (:mod:`spark_connector.writer`)."""
 
     @classmethod
     def name(cls) -> str:

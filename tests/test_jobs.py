@@ -5,11 +5,13 @@ publishes nothing new. The checker settles what a dead driver left."""
 from __future__ import annotations
 
 import collections
+import time
 
 import pytest
 
 from checker import Checker
 from redis_txmq import LocalTransactionState, Settings
+from redis_txmq.admin import write_jobs
 from redis_txmq.jobs import WriteJob, settle_jobs
 from redis_txmq.keys import JOB_REGISTRY
 
@@ -84,11 +86,17 @@ def test_the_checker_settles_a_job_whose_driver_died_after_deciding(client):
     job.register()
     staged = stage_rows(client, job, "orders", "p0", 3)
     dropped = stage_rows(client, job, "orders", "p0-speculative", 3)
+    other = WriteJob.new(client, settings)
+    other.register()  # its driver is still writing
     job.decide(COMMIT, [staged])  # the driver dies here
     assert bodies(client, "orders") == []
+    now_ms = int(time.time() * 1000)
+    seen = write_jobs(client, now_ms)
+    assert (seen["unsettled"], seen["decided"]) == (2, 1) and seen["oldest_age_seconds"] >= 0, "txmq status shows it"
     Checker(client, settings).run_round()
     assert bodies(client, "orders") == ["p0-0", "p0-1", "p0-2"] and not client.exists(staged, dropped)
-    assert client.zcard(JOB_REGISTRY) == 0
+    assert client.zrange(JOB_REGISTRY, 0, -1) == [other.keys.decision.encode()]
+    assert write_jobs(client, now_ms)["decided"] == 0
 
 
 def test_a_job_that_never_decided_is_rolled_back_after_max_age(client):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from click.testing import CliRunner
 
 from checker import Checker
 from redis_txmq import (
@@ -19,7 +20,11 @@ from redis_txmq import (
     TxMQConnectionError,
     create_topic,
 )
+from redis_txmq.admin import resolve_dead_transaction
+from redis_txmq.cli import main
+from redis_txmq.errors import TransactionConflictError
 from redis_txmq.keys import decision_key, topic_keys_of_stream
+from redis_txmq.protocol import DeadAction
 
 from .helpers import ScriptedListener, wait_until
 
@@ -159,6 +164,44 @@ def test_an_unknown_outcome_leaves_the_transaction_to_the_check_back(client):
         checker = Checker(client, FAST_CHECKS)
         wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
     assert bodies(client, "orders") == []
+
+
+def dead_letters(client, *streams: str) -> int:
+    return sum(int(client.hlen(topic_keys_of_stream(stream).dead_index)) for stream in streams)
+
+
+def test_an_operator_resolves_a_dead_lettered_message_for_its_whole_transaction(real_client, redis_url):
+    """Nobody answered and the messages were dead-lettered. Committing one of them writes the transaction's decision
+    and commits every dead-lettered message of it; one put back in flight meanwhile is ended with the decision by
+    the checker, whatever its check-back would say; the other outcome is refused for any of them afterwards."""
+    create_topic(real_client, "audit", 2)
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=2)
+    listener = ScriptedListener(check_answer=UNKNOWN)
+    with TransactionProducer("order_group", listener, client=real_client, settings=settings) as producer:
+        messages = [Message("orders", b"order 1"), Message("audit", b"audit a", keys="a")]
+        results = producer.send_messages_in_transaction(messages + [Message("audit", b"audit b", keys="b")], UNKNOWN)
+        ids = [result.transaction_id for result in results]
+        checker = Checker(real_client, settings)
+        wait_until(lambda: checker.run_round() is not None and dead_letters(real_client, *STREAMS) == 3)
+        parent = ids[0].rpartition(".")[0]
+        broker = checker.broker
+        keys = topic_keys_of_stream("orders")
+        broker.resolve_dead(keys, ids[0], DeadAction.RECHECK)  # back in flight by hand, alone
+        listener.check_answer = ROLLBACK
+
+        cli = CliRunner().invoke(main, ["dead", "commit", ids[1], "--redis-url", redis_url])
+        assert cli.exit_code == 0, cli.output
+        assert f"transaction {parent} of several messages" in " ".join(cli.output.split())
+        assert real_client.hget(decision_key(parent), "outcome") == b"COMMIT"
+        assert dead_letters(real_client, *STREAMS) == 0, "every dead-lettered message of it was committed"
+        assert sorted(bodies(real_client, "audit#0") + bodies(real_client, "audit#1")) == [b"audit a", b"audit b"]
+
+        wait_until(lambda: checker.run_round() is not None and in_flight(real_client, *STREAMS) == 0)
+        assert bodies(real_client, "orders") == [b"order 1"], "the one in flight followed the decision"
+        with pytest.raises(TransactionConflictError, match="decided COMMIT"):
+            resolve_dead_transaction(broker, ids[2], DeadAction.ROLLBACK)
+        again, resolved = resolve_dead_transaction(broker, ids[2], DeadAction.COMMIT)
+        assert again == parent and [r.result.applied for r in resolved] == [False]
 
 
 def test_asyncio_the_messages_of_a_block_become_visible_together(real_client, redis_url):
