@@ -1,7 +1,9 @@
 """Write jobs: many rows published exactly once, or not at all (the Spark writer's core; no Spark here).
 
 A job's task attempts write their rows to *stages*: one stream per attempt and topic stream, in the topic stream's
-hash slot, in the committed-entry format, invisible to consumers. The driver then decides once
+hash slot, invisible to consumers; a stage entry packs up to :data:`ROWS_PER_STAGE_ENTRY` rows in its one field
+:data:`STAGE_ROWS_FIELD` (MessagePack, see ``lua/publish_stage.lua``), so that writing a row costs the server a
+fraction of a command. The driver then decides once
 (``lua/decide_job.lua``): COMMIT with the stages of the attempts Spark committed, or ROLLBACK. Settling follows the
 decision that stands: every committed stage is moved into its topic stream chunk by chunk (``lua/publish_stage.lua``,
 each chunk moved and trimmed in one call, so a repeat never publishes a row twice) and every other stage — failed or
@@ -31,9 +33,14 @@ from .scripts import register_script
 
 logger = logging.getLogger(__name__)
 
-PUBLISH_CHUNK = 1000
-"""Rows one ``publish_stage`` call moves: large enough to cost little per row, small enough to keep the server
-responsive between calls."""
+STAGE_ROWS_FIELD = "rows"
+ROWS_PER_STAGE_ENTRY = 100
+"""Rows a writer packs into one stage entry at most (fewer when they reach :data:`STAGE_ENTRY_BYTES`)."""
+STAGE_ENTRY_BYTES = 1 << 20
+"""Body bytes after which a writer closes a stage entry early: one call never moves much more than a few MiB."""
+PUBLISH_CHUNK = 10
+"""Stage entries one ``publish_stage`` call moves (about 1,000 rows): large enough to cost little per row, small
+enough to keep the server responsive between calls."""
 
 
 @dataclass(frozen=True)

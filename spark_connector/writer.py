@@ -1,7 +1,8 @@
 """``df.write.format("redis-txmq")`` and ``writeStream.format("redis-txmq")``: a job's rows published exactly once.
 
 Each task attempt writes its rows to stages of the job (:mod:`redis_txmq.jobs`): streams beside the topic streams,
-invisible to consumers, written by pipelined XADD from Arrow batches. The driver's ``commit`` decides once for the
+invisible to consumers, each entry a MessagePack array of up to a hundred rows, written by pipelined XADD from Arrow
+batches. The driver's ``commit`` decides once for the
 stages of the attempts Spark committed and publishes them; ``abort`` rolls back; stages of failed or speculative
 attempts are deleted. A streaming micro-batch is a job keyed by the ``sinkId`` option and the batch id, whose
 decision also records the sink's last committed batch: a batch replayed after a restart publishes nothing new.
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import pyarrow as pa
 import redis
 from pyspark import TaskContext
@@ -30,7 +32,7 @@ from redis.cluster import RedisCluster
 
 from redis_txmq.config import DEFAULT_REDIS_URL
 from redis_txmq.connection import hiredis_packer
-from redis_txmq.jobs import WriteJob
+from redis_txmq.jobs import ROWS_PER_STAGE_ENTRY, STAGE_ENTRY_BYTES, STAGE_ROWS_FIELD, WriteJob
 from redis_txmq.keys import JobKeys, topic_meta_key
 from redis_txmq.message import DEFAULT_MAX_MESSAGE_SIZE, validate_name
 from redis_txmq.topics import count_of, partition_keys_of
@@ -46,7 +48,7 @@ WRITE_OPTIONS = {
     "redis.cluster": "true to use redis.cluster.RedisCluster",
     "topic": "the topic of rows without a 'topic' column value",
     "sinkid": "streaming (required): the sink's name; its last committed micro-batch is kept under it",
-    "writebatchsize": "rows per pipeline of XADD, default 1000",
+    "writebatchsize": "rows per pipeline of stage writes, default 1000",
 }
 SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
 """Options Spark itself passes to a writer (a save path, a streaming query's checkpoint and name)."""
@@ -176,8 +178,10 @@ class _Sender:
             self._pack = hiredis_packer(client.connection_pool.connection_kwargs)
             self._conn = client.connection_pool.get_connection()
         self.queued = 0
+        self.rows = 0
+        """Rows in the queued commands."""
 
-    def add(self, command: list[Any]) -> None:
+    def add(self, command: list[Any], rows: int) -> None:
         if self._pipe is not None:
             self._pipe.execute_command(*command)
         elif self._pack is not None:
@@ -185,11 +189,12 @@ class _Sender:
         else:
             self._packed.extend(self._conn.pack_command(*command))
         self.queued += 1
+        self.rows += rows
 
     def flush(self) -> None:
         if not self.queued:
             return
-        count, self.queued = self.queued, 0
+        count, self.queued, self.rows = self.queued, 0, 0
         if self._pipe is not None:
             self._pipe.execute()
             return
@@ -226,8 +231,38 @@ def _encoder() -> Any:
     return encode
 
 
+class _StageEntries:
+    """Rows gathered per stage and packed into stage entries (:data:`ROWS_PER_STAGE_ENTRY` rows, or fewer once
+    their bodies reach :data:`STAGE_ENTRY_BYTES`), queued on the sender."""
+
+    def __init__(self, sender: _Sender) -> None:
+        self.sender = sender
+        self._rows: dict[str, list[list[Any]]] = {}
+        self._bytes: dict[str, int] = {}
+
+    def add(self, stage: str, row: list[Any], size: int) -> None:
+        rows = self._rows.setdefault(stage, [])
+        rows.append(row)
+        size += self._bytes.get(stage, 0)
+        self._bytes[stage] = size
+        if len(rows) >= ROWS_PER_STAGE_ENTRY or size >= STAGE_ENTRY_BYTES:
+            self.pack(stage)
+
+    def pack(self, stage: str) -> None:
+        rows = self._rows.pop(stage, None)
+        self._bytes.pop(stage, None)
+        if rows:
+            entry = msgpack.packb(rows, use_bin_type=False)  # Redis' cmsgpack reads str and raw, not bin
+            self.sender.add(["XADD", stage, "*", STAGE_ROWS_FIELD, entry], len(rows))
+
+    def pack_all(self) -> None:
+        for stage in list(self._rows):
+            self.pack(stage)
+
+
 def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.RecordBatch]) -> StagedRows:
-    """One task attempt: every row into the stage of its topic stream, in pipelines of ``write_batch_size``."""
+    """One task attempt: every row into the stage of its topic stream, packed, in pipelines of about
+    ``write_batch_size`` rows."""
     context = TaskContext.get()
     partition = context.partitionId() if context else 0
     attempt = f"{partition}-{context.taskAttemptId() if context else 0}-{os.urandom(4).hex()}"
@@ -238,6 +273,8 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
     encode = _encoder()
     rows = 0
     sender = _Sender(client)
+    entries = _StageEntries(sender)
+    prefix = f"{keys.job_id}.{partition}."
     try:
         for batch in batches:
             columns = {name.lower(): batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
@@ -259,17 +296,18 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
                 stage = stages.get(stream)
                 if stage is None:
                     stage = stages[stream] = job.stage(stream, attempt)
-                command = ["XADD", stage, "*", "transaction_id", f"{keys.job_id}.{partition}.{rows}", "body", body]
+                row = ["transaction_id", prefix + str(rows), "body", body]
                 if row_keys:
-                    command += ["keys", row_keys]
+                    row += ["keys", row_keys]
                 if tags:
-                    command += ["tags", tags]
+                    row += ["tags", tags]
                 if properties:
-                    command += ["properties", encode(properties)]
-                sender.add(command)
+                    row += ["properties", encode(properties)]
+                entries.add(stage, row, len(body))
                 rows += 1
-                if sender.queued >= options.write_batch_size:
+                if sender.rows >= options.write_batch_size:
                     sender.flush()
+        entries.pack_all()
         sender.flush()
     finally:
         sender.close()

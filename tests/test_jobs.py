@@ -7,22 +7,32 @@ from __future__ import annotations
 import collections
 import time
 
+import msgpack
 import pytest
 
 from checker import Checker
-from redis_txmq import LocalTransactionState, Settings
+from redis_txmq import LocalTransactionState, Settings, TxMQError
 from redis_txmq.admin import write_jobs
-from redis_txmq.jobs import WriteJob, settle_jobs
+from redis_txmq.jobs import ROWS_PER_STAGE_ENTRY, STAGE_ROWS_FIELD, WriteJob, settle_jobs
 from redis_txmq.keys import JOB_REGISTRY
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 
 
+@pytest.fixture
+def client(real_client):
+    """A real Redis: publishing unpacks the stage entries' MessagePack (Redis' cmsgpack), which fakeredis lacks."""
+    return real_client
+
+
 def stage_rows(client, job: WriteJob, stream: str, attempt: str, count: int) -> str:
+    """``count`` rows staged as the writer stages them: packed, :data:`ROWS_PER_STAGE_ENTRY` per entry."""
     stage = job.stage(stream, attempt)
+    rows = [["transaction_id", f"{job.job_id}.{attempt}.{n}", "body", f"{attempt}-{n}"] for n in range(count)]
     pipe = client.pipeline(transaction=False)
-    for n in range(count):
-        pipe.xadd(stage, {"transaction_id": f"{job.job_id}.{attempt}.{n}", "body": f"{attempt}-{n}"})
+    for start in range(0, count, ROWS_PER_STAGE_ENTRY):
+        packed = msgpack.packb(rows[start : start + ROWS_PER_STAGE_ENTRY], use_bin_type=False)
+        pipe.xadd(stage, {STAGE_ROWS_FIELD: packed})
     pipe.execute()
     return stage
 
@@ -116,7 +126,35 @@ def test_a_stage_that_cannot_be_published_stays_for_a_retry(client):
     client.set("orders", "not a stream")
     with pytest.raises(Exception, match="refused a row"):
         job.commit([staged])
-    assert client.xlen(staged) == 3
+    assert client.xlen(staged) == 1, "its one entry of three rows stays"
     client.delete("orders")
     job.settle(job.decide(COMMIT, []))
     assert bodies(client, "orders") == ["p0-0", "p0-1", "p0-2"]
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (b"not messagepack \xc1", "holds no MessagePack rows"),
+        (msgpack.packb([["transaction_id", "x", "body"]], use_bin_type=False), "not a list of field names and values"),
+    ],
+)
+def test_a_stage_entry_that_is_not_rows_is_refused_and_nothing_moves(client, bad, error):
+    job = WriteJob.new(client)
+    job.register()
+    stage = stage_rows(client, job, "orders", "p0", 150)
+    client.xadd(stage, {STAGE_ROWS_FIELD: bad})
+    with pytest.raises(TxMQError, match=error):
+        job.commit([stage])
+    assert bodies(client, "orders") == [] and client.xlen(stage) == 3, "the chunk with the bad entry moved nothing"
+
+
+def test_a_stage_written_row_by_row_is_published_too(client):
+    """A stage of an earlier writer (an entry per row, not packed) still publishes each row once."""
+    job = WriteJob.new(client)
+    job.register()
+    stage = job.stage("orders", "p0")
+    for n in range(3):
+        client.xadd(stage, {"transaction_id": f"{job.job_id}.p0.{n}", "body": f"old-{n}"})
+    job.commit([stage])
+    assert bodies(client, "orders") == ["old-0", "old-1", "old-2"] and not client.exists(stage)
