@@ -146,12 +146,16 @@ class _Router:
         self._streams: dict[str, list[str]] = {}
         self._next = 0
 
-    def stream(self, topic: str, keys: str | None) -> str:
+    def streams(self, topic: str) -> list[str]:
         streams = self._streams.get(topic)
         if streams is None:
             _valid_topic(topic)
             count = count_of(self.client.hget(topic_meta_key(topic), "partitions"))
             streams = self._streams[topic] = [k.topic_stream for k in partition_keys_of(topic, count)]
+        return streams
+
+    def stream(self, topic: str, keys: str | None) -> str:
+        streams = self.streams(topic)
         if len(streams) == 1:
             return streams[0]
         first = keys.split(" ", 1)[0] if keys else ""
@@ -220,7 +224,10 @@ def _encoder() -> Any:
     known: dict[tuple[Any, ...], str] = {}
 
     def encode(properties: Any) -> str:
-        items = tuple(properties.items() if isinstance(properties, Mapping) else properties)
+        if type(properties) is list:  # Arrow's map values: a list of pairs
+            items = tuple(properties)
+        else:
+            items = tuple(properties.items() if isinstance(properties, Mapping) else properties)
         text = known.get(items)
         if text is None:
             text = json.dumps(dict(items), separators=(",", ":"), ensure_ascii=False, sort_keys=True)
@@ -241,10 +248,12 @@ class _StageEntries:
         self._bytes: dict[str, int] = {}
 
     def add(self, stage: str, row: list[Any], size: int) -> None:
-        rows = self._rows.setdefault(stage, [])
+        rows = self._rows.get(stage)
+        if rows is None:
+            rows = self._rows[stage] = []
+            self._bytes[stage] = 0
         rows.append(row)
-        size += self._bytes.get(stage, 0)
-        self._bytes[stage] = size
+        size = self._bytes[stage] = self._bytes[stage] + size
         if len(rows) >= ROWS_PER_STAGE_ENTRY or size >= STAGE_ENTRY_BYTES:
             self.pack(stage)
 
@@ -270,6 +279,9 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
     job = WriteJob(client, keys)
     router = _Router(client)
     stages: dict[str, str] = {}
+    """Topic stream -> this attempt's stage for it."""
+    only_stage: dict[str, str] = {}
+    """Topic of one partition -> its stage: such a row needs no routing."""
     encode = _encoder()
     rows = 0
     sender = _Sender(client)
@@ -292,10 +304,14 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
                     body = body.encode()
                 if len(body) > DEFAULT_MAX_MESSAGE_SIZE:
                     raise SparkSourceError(f"topic {topic!r}: a body of {len(body)} bytes is over 4 MiB")
-                stream = router.stream(topic, row_keys)
-                stage = stages.get(stream)
+                stage = only_stage.get(topic)
                 if stage is None:
-                    stage = stages[stream] = job.stage(stream, attempt)
+                    stream = router.stream(topic, row_keys)
+                    stage = stages.get(stream)
+                    if stage is None:
+                        stage = stages[stream] = job.stage(stream, attempt)
+                    if len(router.streams(topic)) == 1:
+                        only_stage[topic] = stage
                 row = ["transaction_id", prefix + str(rows), "body", body]
                 if row_keys:
                     row += ["keys", row_keys]
