@@ -48,6 +48,8 @@ TRANSACTION_COMMANDS = (
     "zadd",
     "zrem",
     "zcount",
+    "zcard",
+    "zrange",
     "zrangebyscore",
     "zremrangebyscore",
     "xadd",
@@ -92,6 +94,7 @@ SPARK_WRITER_COMMANDS = (
     *CONNECTION,
     *SCRIPTS,
     "time",
+    "exists",
     "del",
     "pexpire",
     "hget",
@@ -111,6 +114,9 @@ DECISIONS = f"{PREFIX}:decision:*"
 """Decisions of transactions of several messages: named by random transaction ids, so no narrower pattern fits."""
 JOBS = (JOB_REGISTRY, f"{PREFIX}:job:*", f"{PREFIX}:sink:*")
 ROLES = ("producer", "checker", "consumer", "spark", "spark-writer")
+DURABILITY_COMMANDS = {"master": (), "replica": ("wait",), "aof": ("waitaof",)}
+"""What a durability level adds to the roles that write (producer, checker, Spark writer): its confirming command
+(``WAITAOF`` exists from Redis 7.2 on: an older server refuses the rule)."""
 
 
 def _topic_keys(topics: Iterable[str]) -> list[str]:
@@ -129,15 +135,19 @@ def acl_rules(
     topics: Iterable[str],
     producer_groups: Iterable[str] = (),
     consumer_group: str | None = None,
+    durability: str = "master",
 ) -> list[str]:
     """The ``ACL SETUSER`` arguments (after the user name) for ``role`` on ``topics``, one rule each (a selector,
     in parentheses, is one argument): a producer of
     ``producer_groups`` (one, usually), a checker of every group in ``producer_groups`` (empty: all groups), a
     consumer in ``consumer_group``, a Spark reader (read-only keys) or a Spark writer (its stages, its jobs, the
-    topic streams). Starts with ``resetkeys -@all``."""
+    topic streams). Starts with ``resetkeys -@all``. A ``durability`` level other than ``master`` allows its
+    confirming command to the roles that write."""
     topics = list(topics)
     if role not in ROLES:
         raise ConfigurationError(f"ACL role must be one of {', '.join(ROLES)}, got {role!r}")
+    if durability not in DURABILITY_COMMANDS:
+        raise ConfigurationError(f"durability must be one of {', '.join(DURABILITY_COMMANDS)}, got {durability!r}")
     if not topics:
         raise ConfigurationError(f"ACL rules for a {role}: name at least one topic")
     groups = list(producer_groups)
@@ -174,4 +184,5 @@ def acl_rules(
             validate_name(topic, "topic")
             keys += [f"%R~{topic}", f"%R~{topic}#*", f"%R~{PREFIX}:topic:{{{topic}}}"]
         return ["resetkeys", *keys, "resetchannels", "-@all", *(f"+{c}" for c in SPARK_COMMANDS)]
+    commands = (*commands, *DURABILITY_COMMANDS[durability])
     return ["resetkeys", *(f"~{k}" for k in keys), "resetchannels", "-@all", *(f"+{c}" for c in commands)]

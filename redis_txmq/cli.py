@@ -606,12 +606,23 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
 @click.option("--group", "groups", multiple=True, help="Producer group (a producer's; a checker's, else all groups).")
 @click.option("--consumer-group", help="A consumer's consumer group.")
 @click.option("--user", default="txmq-ROLE", show_default=True, help="The ACL user name.")
-def acl(role: str, topics: tuple[str, ...], groups: tuple[str, ...], consumer_group: str | None, user: str) -> None:
+@click.option(
+    "--durability",
+    type=click.Choice(["master", "replica", "aof"]),
+    default="master",
+    show_default=True,
+    help="The durability level the part writes with: replica allows WAIT, aof WAITAOF (Redis >= 7.2).",
+)
+def acl(
+    role: str, topics: tuple[str, ...], groups: tuple[str, ...], consumer_group: str | None, user: str, durability: str
+) -> None:
     """Print the least-privilege ACL SETUSER line for a producer, checker, consumer, Spark reader or writer."""
     from .acl import acl_rules
 
     try:
-        rules = acl_rules(role, topics=topics, producer_groups=groups, consumer_group=consumer_group)
+        rules = acl_rules(
+            role, topics=topics, producer_groups=groups, consumer_group=consumer_group, durability=durability
+        )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     name = user.replace("ROLE", role)

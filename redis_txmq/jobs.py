@@ -12,6 +12,10 @@ the checker (:func:`settle_jobs`), as does a job that never decided within ``max
 
 A micro-batch of a streaming sink is a job whose decision also moves the sink's last committed batch id, in the
 same call: a batch Spark replays after a restart finds its decision (or a later batch id) and publishes nothing new.
+
+With a durability level (``Settings.durability``) the decision and every publishing call are confirmed like a
+producer's scripts (``WAIT`` / ``WAITAOF`` on the same connection, :class:`~redis_txmq.direct.ScriptRunner`); the
+writer confirms its stage writes the same way. A shortfall raises :class:`~redis_txmq.errors.DurabilityError`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import Any
 
 from .config import Settings
 from .connection import REDIS_ERRORS
+from .direct import ScriptRunner
 from .entries import text
-from .errors import TxMQConnectionError, TxMQError
+from .errors import DurabilityError, TxMQConnectionError, TxMQError
 from .keys import JOB_REGISTRY, JobKeys, stage_key, stream_of_stage
 from .message import LocalTransactionState
 from .scripts import register_script
@@ -55,7 +60,7 @@ class Decision:
 
 
 class WriteJob:
-    """One write job on one client (``redis.Redis`` or ``RedisCluster``)."""
+    """One write job on one client (``redis.Redis`` or ``RedisCluster``); :meth:`close` when done with it."""
 
     def __init__(self, client: Any, keys: JobKeys, settings: Settings | None = None) -> None:
         self.client = client
@@ -63,6 +68,13 @@ class WriteJob:
         self.settings = settings or Settings()
         self._decide = register_script(client, "decide_job")
         self._publish = register_script(client, "publish_stage")
+        self._open_stage = register_script(client, "open_stage")
+        self._note_stage = register_script(client, "note_stage")
+        self._runner = ScriptRunner(client, direct=False, durability=self.settings.durability_level())
+
+    def close(self) -> None:
+        """Release the connections the script calls made their own (on a cluster); the client stays open."""
+        self._runner.close()
 
     @classmethod
     def new(cls, client: Any, settings: Settings | None = None) -> WriteJob:
@@ -82,20 +94,40 @@ class WriteJob:
         started = {self.keys.decision: int(time.time() * 1000)}
         self._do("register", lambda: self.client.zadd(JOB_REGISTRY, started, nx=True))
 
-    def stage(self, stream: str, attempt: str) -> str:
-        """The stage of task attempt ``attempt`` for ``stream``, listed in the job's stages (and the job listed for
-        the checker) before it is written."""
+    def stage(self, stream: str, attempt: str) -> str | None:
+        """The stage of task attempt ``attempt`` for ``stream``: opened empty with a time to live
+        (``lua/open_stage.lua``; rows go in with ``XADD NOMKSTREAM``), then listed in the job's stages
+        (``lua/note_stage.lua``), the job listed for the checker first. None when the job is already decided (a
+        late or speculative attempt, a micro-batch replayed after a restart): the attempt writes nothing."""
         key = stage_key(stream, self.job_id, attempt)
         self.register()
-        self._do("note a stage", lambda: self.client.sadd(self.keys.stages, key))
-        return key
+        keep_ms = int((self.settings.max_age + self.settings.dedupe_window) * 1000)
+        # not confirmed here: the writer's confirmation of its stage writes covers these earlier writes too
+        self._do("open a stage", lambda: self._open_stage(keys=[key], args=[keep_ms]))
+        noted = self._do("note a stage", lambda: self._note_stage(keys=self.keys.note_keys, args=[key]))
+        if text(noted[0]) == "OK":
+            return key
+        self._do("delete a stage", lambda: self.client.delete(key))
+        if text(noted[0]) != "DECIDED":
+            raise TxMQError(f"write job {self.job_id}: stage {key} refused: {text(noted[1])} {text(noted[2])}")
+        logger.info(
+            "write job %s: already decided %s when task attempt %s began to write for %s: it writes nothing",
+            self.job_id,
+            text(noted[1]),
+            attempt,
+            stream,
+        )
+        return None
 
     def decide(self, outcome: LocalTransactionState, stages: list[str]) -> Decision:
         keep_ms = int((self.settings.max_age + self.settings.dedupe_window) * 1000)
         keys = [self.keys.decision] + ([self.keys.sink] if self.keys.sink else [])
         batch = str(self.keys.batch_id) if self.keys.sink else ""
         args = [LocalTransactionState(outcome).value, json.dumps(sorted(stages)), keep_ms, batch]
-        reply = self._do("decide", lambda: self._decide(keys=keys, args=args))
+        reply = self._do("decide", lambda: self._runner.run(self._decide, keys, args))
+        return self._decision(reply)
+
+    def _decision(self, reply: Any) -> Decision:
         status, first, second, third = (text(part) or "" for part in [*reply, "", "", ""][:4])
         if status != "OK":
             raise TxMQError(f"write job {self.job_id}: decision refused: {first} {second}")
@@ -108,8 +140,16 @@ class WriteJob:
         return decision
 
     def abort(self) -> Decision:
-        """Decide ROLLBACK (unless a decision stands), then settle by the decision."""
-        decision = self.decide(LocalTransactionState.ROLLBACK, [])
+        """Decide ROLLBACK (unless a decision stands), then settle by the decision. A rollback the durability level
+        did not confirm is settled all the same: lost in a failover, it leaves an undecided job, which is rolled
+        back too (after ``max_age``); nothing is published either way."""
+        try:
+            decision = self.decide(LocalTransactionState.ROLLBACK, [])
+        except DurabilityError as exc:
+            if not exc.replies:
+                raise
+            decision = self._decision(exc.replies[0])
+            logger.warning("%s; settling by the decision on the master", exc)
         self.settle(decision)
         return decision
 
@@ -135,7 +175,7 @@ class WriteJob:
         stream = stream_of_stage(stage)
         moved = 0
         while True:
-            reply = self._do("publish", lambda: self._publish(keys=[stage, stream], args=[PUBLISH_CHUNK]))
+            reply = self._do("publish", lambda: self._runner.run(self._publish, [stage, stream], [PUBLISH_CHUNK]))
             if text(reply[0]) != "OK":
                 raise TxMQError(f"write job {self.job_id}: stage {stage}: {text(reply[1])} {text(reply[2])}")
             moved += int(reply[1])
@@ -145,6 +185,12 @@ class WriteJob:
     def _do(self, what: str, action: Any) -> Any:
         try:
             return action()
+        except DurabilityError as exc:
+            raise DurabilityError(
+                f"write job {self.job_id}: {what}: {exc}; it was applied on the master, the job stays listed and "
+                "txmq checker settles it",
+                replies=exc.replies,
+            ) from exc
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"write job {self.job_id}: could not {what} ({exc}); retry the job") from exc
 
@@ -164,21 +210,30 @@ def settle_jobs(client: Any, settings: Settings, limit: int = 100) -> int:
             client.zrem(JOB_REGISTRY, member)
             continue
         job = WriteJob(client, keys, settings)
-        outcome, decided_ms = client.hmget(keys.decision, "outcome", "decided_ms")
-        if outcome is None:
-            if now_ms - started_ms < settings.max_age * 1000:
-                continue
-            logger.warning("write job %s: no decision after max_age; deleting its stages", keys.job_id)
-            if keys.sink:
-                job.discard()  # Spark runs the micro-batch again from its checkpoint: its batch id stays free
-                decision = Decision(LocalTransactionState.ROLLBACK, [], "DISCARDED")
-            else:
-                decision = job.abort()
-        else:
-            if now_ms - int(decided_ms or 0) < settings.transaction_timeout * 1000:
-                continue
-            decision = job.decide(LocalTransactionState(text(outcome)), [])
-            job.settle(decision)
-        logger.info("write job %s settled by the checker: %s", keys.job_id, decision.outcome.value)
-        settled += 1
+        try:
+            decision = _settle_left(job, client, now_ms, int(started_ms), settings)
+        finally:
+            job.close()
+        if decision is not None:
+            logger.info("write job %s settled by the checker: %s", keys.job_id, decision.outcome.value)
+            settled += 1
     return settled
+
+
+def _settle_left(job: WriteJob, client: Any, now_ms: int, started_ms: int, settings: Settings) -> Decision | None:
+    """Settle one job its driver may have left, or None while it is its driver's."""
+    keys = job.keys
+    outcome, decided_ms = client.hmget(keys.decision, "outcome", "decided_ms")
+    if outcome is None:
+        if now_ms - started_ms < settings.max_age * 1000:
+            return None
+        logger.warning("write job %s: no decision after max_age; deleting its stages", keys.job_id)
+        if keys.sink:
+            job.discard()  # Spark runs the micro-batch again from its checkpoint: its batch id stays free
+            return Decision(LocalTransactionState.ROLLBACK, [], "DISCARDED")
+        return job.abort()
+    if now_ms - int(decided_ms or 0) < settings.transaction_timeout * 1000:
+        return None
+    decision = job.decide(LocalTransactionState(text(outcome)), [])
+    job.settle(decision)
+    return decision

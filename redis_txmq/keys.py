@@ -242,6 +242,11 @@ class JobKeys:
     def stages(self) -> str:
         return f"{self.decision}:stages"
 
+    @property
+    def note_keys(self) -> list[str]:
+        """KEYS of ``lua/note_stage.lua``: the decision and the stage list."""
+        return [self.decision, self.stages]
+
     @cached_property
     def sink(self) -> str:
         """The sink's hash (``last_batch``); '' for a batch job."""

@@ -30,8 +30,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 from redis.cluster import RedisCluster
 
-from redis_txmq.config import DEFAULT_REDIS_URL
+from redis_txmq.config import DEFAULT_REDIS_URL, Settings
 from redis_txmq.connection import hiredis_packer
+from redis_txmq.durability import Durability
+from redis_txmq.errors import ConfigurationError, TxMQError
 from redis_txmq.jobs import ROWS_PER_STAGE_ENTRY, STAGE_ENTRY_BYTES, STAGE_ROWS_FIELD, WriteJob
 from redis_txmq.keys import JobKeys, topic_meta_key
 from redis_txmq.message import DEFAULT_MAX_MESSAGE_SIZE, validate_name
@@ -49,10 +51,16 @@ WRITE_OPTIONS = {
     "topic": "the topic of rows without a 'topic' column value",
     "sinkid": "streaming (required): the sink's name; its last committed micro-batch is kept under it",
     "writebatchsize": "rows per pipeline of stage writes, default 1000",
+    "durability": "master (default), replica or aof: what confirms stage writes, the decision and the publishing",
+    "durability.replicas": "replicas that must have the writes at level replica, default 1",
+    "durability.timeout": "seconds to wait for a confirmation, default 1.0",
 }
 SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
 """Options Spark itself passes to a writer (a save path, a streaming query's checkpoint and name)."""
 COLUMNS = {"body", "keys", "tags", "properties", "topic"}
+SETTLED_WHILE_WRITING = (
+    "its stage is gone: the job was settled (committed without this attempt, or aborted) while the attempt wrote"
+)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Structured Streaming sets on a micro-batch's jobs: the batch id a task writes for."""
 
@@ -63,6 +71,18 @@ class WriteOptions:
     topic: str | None = None
     sink_id: str | None = None
     write_batch_size: int = 1000
+    durability: str = "master"
+    durability_replicas: int = 1
+    durability_timeout: float = 1.0
+
+    @property
+    def settings(self) -> Settings:
+        """The settings of the driver's write job: its durability level."""
+        return Settings(
+            durability=self.durability,
+            durability_replicas=self.durability_replicas,
+            durability_timeout=self.durability_timeout,
+        )
 
 
 @dataclass
@@ -128,7 +148,19 @@ def parse_write_options(
         cluster=bool_option(given, "redis.cluster", False),
     )
     size = positive_int_option(given, "writebatchsize", "writeBatchSize") or 1000
-    return WriteOptions(connection, topic, sink_id, size)
+    level = given.get("durability", "master").strip().lower()
+    replicas = positive_int_option(given, "durability.replicas", "durability.replicas") or 1
+    try:
+        timeout = float(given.get("durability.timeout", "1.0"))
+        Durability.of(level, replicas, timeout)
+    except (ValueError, ConfigurationError) as exc:
+        raise SparkSourceError(f"options durability, durability.replicas, durability.timeout: {exc}") from None
+    if level != "master" and connection.cluster:
+        raise SparkSourceError(
+            f"durability {level!r} with redis.cluster: the writer confirms stage writes on one server only; "
+            "use durability 'master' on a cluster"
+        )
+    return WriteOptions(connection, topic, sink_id, size, level, replicas, timeout)
 
 
 def _valid_topic(topic: str) -> str:
@@ -168,10 +200,13 @@ class _Router:
 class _Sender:
     """Sends XADD commands in batches and checks every reply. On one server: packed by hiredis and written on a
     connection of the client's pool, the replies read back one by one (redis-py's pipeline spends more time per row
-    than the server does); on a cluster: redis-py's cluster pipeline, which routes each stage to its master."""
+    than the server does), each batch followed by the durability level's confirmation on the same connection; on a
+    cluster: redis-py's cluster pipeline, which routes each stage to its master."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, durability: Durability | None = None, job_id: str = "") -> None:
         self.client = client
+        self.durability = durability
+        self.job_id = job_id
         self._conn: Any = None
         self._pack = None
         self._pipe: Any = None
@@ -200,16 +235,29 @@ class _Sender:
             return
         count, self.queued, self.rows = self.queued, 0, 0
         if self._pipe is not None:
-            self._pipe.execute()
+            if any(reply is None for reply in self._pipe.execute()):
+                raise TxMQError(f"write job {self.job_id}: {SETTLED_WHILE_WRITING}")
             return
         packed, self._packed = self._packed, []
+        durability = self.durability
+        if durability is not None:
+            packed.append(b"".join(self._conn.pack_command(*durability.command)))
         self._conn.send_packed_command([b"".join(packed)])
-        failure = None
+        failure: Exception | None = None
         for _ in range(count):
             try:
-                self._conn.read_response()
+                if self._conn.read_response() is None:  # NOMKSTREAM: the stage is gone, the job was settled
+                    failure = failure or TxMQError(f"write job {self.job_id}: {SETTLED_WHILE_WRITING}")
             except redis.ResponseError as exc:
                 failure = failure or exc
+        if durability is not None:
+            try:
+                confirmation: Any = self._conn.read_response()
+            except redis.ResponseError as exc:
+                confirmation = exc
+            if failure is None and not durability.confirmed(confirmation):
+                error = durability.error(confirmation)
+                raise type(error)(f"write job {self.job_id}: stage writes {error}") from None
         if failure is not None:
             raise failure
 
@@ -262,7 +310,7 @@ class _StageEntries:
         self._bytes.pop(stage, None)
         if rows:
             entry = msgpack.packb(rows, use_bin_type=False)  # Redis' cmsgpack reads str and raw, not bin
-            self.sender.add(["XADD", stage, "*", STAGE_ROWS_FIELD, entry], len(rows))
+            self.sender.add(["XADD", stage, "NOMKSTREAM", "*", STAGE_ROWS_FIELD, entry], len(rows))
 
     def pack_all(self) -> None:
         for stage in list(self._rows):
@@ -284,7 +332,7 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
     """Topic of one partition -> its stage: such a row needs no routing."""
     encode = _encoder()
     rows = 0
-    sender = _Sender(client)
+    sender = _Sender(client, options.settings.durability_level(), keys.job_id)
     entries = _StageEntries(sender)
     prefix = f"{keys.job_id}.{partition}."
     try:
@@ -309,7 +357,10 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
                     stream = router.stream(topic, row_keys)
                     stage = stages.get(stream)
                     if stage is None:
-                        stage = stages[stream] = job.stage(stream, attempt)
+                        stage = job.stage(stream, attempt)
+                        if stage is None:  # the job is decided without this attempt: nothing it writes is needed
+                            return StagedRows([], 0)
+                        stages[stream] = stage
                     if len(router.streams(topic)) == 1:
                         only_stage[topic] = stage
                 row = ["transaction_id", prefix + str(rows), "body", body]
@@ -327,6 +378,7 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
         sender.flush()
     finally:
         sender.close()
+        job.close()
         client.close()
     return StagedRows(sorted(stages.values()), rows)
 
@@ -342,8 +394,9 @@ class BatchWriter(DataSourceArrowWriter):
         self.options = options
         client = options.connection.client()
         try:
-            job = WriteJob.new(client)
+            job = WriteJob.new(client, options.settings)
             job.register()
+            job.close()
         finally:
             client.close()
         self.keys = job.keys
@@ -359,9 +412,11 @@ class BatchWriter(DataSourceArrowWriter):
 
     def _settle(self, action: Any) -> None:
         client = self.options.connection.client()
+        job = WriteJob(client, self.keys, self.options.settings)
         try:
-            action(WriteJob(client, self.keys))
+            action(job)
         finally:
+            job.close()
             client.close()
 
 
@@ -396,7 +451,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
     def _settle(self, batch_id: int, action: Any) -> None:
         client = self.options.connection.client()
+        job = WriteJob(client, self._keys(batch_id), self.options.settings)
         try:
-            action(WriteJob(client, self._keys(batch_id)))
+            action(job)
         finally:
+            job.close()
             client.close()

@@ -32,11 +32,11 @@ COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.
 def users(real_client: redis.Redis, redis_url: str) -> Iterator[dict[str, str]]:
     """Role -> the URL of an ACL user with that role's rules on the session's server (removed afterwards)."""
     rules = {
-        "producer": acl_rules("producer", topics=TOPICS, producer_groups=[GROUP]),
-        "checker": acl_rules("checker", topics=TOPICS),
+        "producer": acl_rules("producer", topics=TOPICS, producer_groups=[GROUP], durability="replica"),
+        "checker": acl_rules("checker", topics=TOPICS, durability="replica"),
         "consumer": acl_rules("consumer", topics=TOPICS, consumer_group=CONSUMER_GROUP),
         "spark": acl_rules("spark", topics=TOPICS),
-        "spark-writer": acl_rules("spark-writer", topics=TOPICS),
+        "spark-writer": acl_rules("spark-writer", topics=TOPICS, durability="replica"),
     }
     host = redis_url.split("://", 1)[1].split("/", 1)[0]
     urls = {}
@@ -142,6 +142,18 @@ def test_the_users_can_do_no_more_than_their_part(users: dict[str, str]) -> None
         with redis.Redis.from_url(users[role]) as client:
             with pytest.raises(redis.exceptions.NoPermissionError):
                 client.execute_command(*command)
+
+
+def test_the_writing_roles_may_confirm_at_their_durability_level(users: dict[str, str]) -> None:
+    """The users above were made for durability replica: WAIT is theirs (a reader's is refused); without a level
+    the rules leave it out."""
+    for role in ("producer", "checker", "spark-writer"):
+        with redis.Redis.from_url(users[role]) as client:
+            assert client.execute_command("WAIT", 0, 0) == 0
+    with redis.Redis.from_url(users["spark"]) as client, pytest.raises(redis.exceptions.NoPermissionError):
+        client.execute_command("WAIT", 0, 0)
+    assert "+wait" not in acl_rules("producer", topics=TOPICS, producer_groups=[GROUP])
+    assert "+waitaof" in acl_rules("checker", topics=TOPICS, durability="aof")
 
 
 def test_txmq_acl_prints_the_setuser_line() -> None:

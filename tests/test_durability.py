@@ -11,9 +11,9 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 
+import msgpack
 import pytest
 import redis
 from click.testing import CliRunner
@@ -32,9 +32,12 @@ from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
 from redis_txmq.cli import main
 from redis_txmq.durability import Durability
 from redis_txmq.embedded import EmbeddedRedis
-from redis_txmq.keys import TopicKeys
+from redis_txmq.errors import DurabilityError
+from redis_txmq.jobs import STAGE_ROWS_FIELD, WriteJob, settle_jobs
+from redis_txmq.keys import JOB_REGISTRY, TopicKeys
 
 from .helpers import wait_until
+from .replicas import Stopped, replicated_fixture  # noqa: F401 - the fixture 'replicated'
 
 FAST = Settings(transaction_timeout=0.2, check_interval=0.3, heartbeat_interval=0.5, claim_idle=1.0)
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
@@ -63,49 +66,6 @@ def test_aof_is_gated_on_the_protocol_version_and_the_append_only_file() -> None
     assert "appendonly yes" in (aof.server_problem({"redis_version": "7.2.4", "aof_enabled": 0}) or "")
     assert aof.server_problem({"redis_version": "7.2.4", "server_name": "valkey", "aof_enabled": 1}) is None
     assert Durability("replica", 1, 1.0).server_problem({"redis_version": "6.0.0"}) is None
-
-
-@pytest.fixture
-def replicated(redis_url: str) -> Iterator[tuple[str, int]]:
-    """The session's server with a replica of its own attached (URL of the master, pid of the replica)."""
-    master = redis.Redis.from_url(redis_url)
-    master.flushall()
-    port = redis_url.rsplit(":", 1)[1].split("/")[0]
-    with EmbeddedRedis(extra_args=["--replicaof", "127.0.0.1", port]) as replica:
-        replica_port = replica.url.rsplit(":", 1)[1].split("/")[0]
-
-        def online() -> bool:
-            info = master.info("replication")
-            return any(
-                isinstance(v, dict) and str(v.get("port")) == replica_port and v.get("state") == "online"
-                for k, v in info.items()
-                if k.startswith("slave")
-            )
-
-        wait_until(online, timeout=20)
-        master.set("replicated", 1)
-        assert master.wait(1, 10_000) == 1  # the replica acknowledges writes (not only "online")
-        master.delete("replicated")
-        process = replica._process
-        assert process is not None
-        try:
-            yield redis_url, process.pid
-        finally:
-            os.kill(process.pid, signal.SIGCONT)
-            master.close()
-
-
-class Stopped:
-    """The replica stopped (SIGSTOP) for the block: WAIT on the master gets no acknowledgement."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-
-    def __enter__(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
-
-    def __exit__(self, *_: object) -> None:
-        os.kill(self.pid, signal.SIGCONT)
 
 
 class Orders(TransactionListener):
@@ -238,3 +198,32 @@ def test_an_instance_gone_for_good_leaves_no_durability_level_behind(real_client
     assert real_client.hgetall(keys.durability_levels) == {b"live": b"master"}
     live.leave()
     assert real_client.hgetall(keys.durability_levels) == {}
+
+
+@pytest.mark.real
+def test_a_write_job_waits_for_its_replica_and_an_unconfirmed_decision_is_left_to_the_checker(
+    replicated: tuple[str, int],
+) -> None:
+    """Spark's write jobs at level replica: the decision and the publishing are confirmed; a decision the replica
+    did not confirm raises, and the job stays listed until the checker settles it by the decision that stands."""
+    url, replica = replicated
+    settings = Settings(durability="replica", durability_timeout=0.2, transaction_timeout=0)
+    with redis.Redis.from_url(url) as client:
+        confirmed = WriteJob.new(client, settings)
+        confirmed.register()
+        stage = confirmed.stage("orders", "p0")
+        client.xadd(stage, {STAGE_ROWS_FIELD: msgpack.packb([["transaction_id", "a", "body", "one"]])})
+        assert confirmed.commit([stage]).outcome is COMMIT
+        confirmed.close()
+
+        unconfirmed = WriteJob.new(client, settings)
+        unconfirmed.register()
+        stage = unconfirmed.stage("orders", "p0")
+        client.xadd(stage, {STAGE_ROWS_FIELD: msgpack.packb([["transaction_id", "b", "body", "two"]])})
+        with Stopped(replica), pytest.raises(DurabilityError, match=r"write job .*: decide: .*0 of 1 replica"):
+            unconfirmed.commit([stage])
+        unconfirmed.close()
+        assert client.zscore(JOB_REGISTRY, unconfirmed.keys.decision) is not None, "still listed for the checker"
+        assert settle_jobs(client, settings) == 1
+        assert [f[b"body"] for _, f in client.xrange("orders")] == [b"one", b"two"]
+        assert client.zcard(JOB_REGISTRY) == 0

@@ -28,11 +28,12 @@ def client(real_client):
 def stage_rows(client, job: WriteJob, stream: str, attempt: str, count: int) -> str:
     """``count`` rows staged as the writer stages them: packed, :data:`ROWS_PER_STAGE_ENTRY` per entry."""
     stage = job.stage(stream, attempt)
+    assert stage is not None
     rows = [["transaction_id", f"{job.job_id}.{attempt}.{n}", "body", f"{attempt}-{n}"] for n in range(count)]
     pipe = client.pipeline(transaction=False)
     for start in range(0, count, ROWS_PER_STAGE_ENTRY):
         packed = msgpack.packb(rows[start : start + ROWS_PER_STAGE_ENTRY], use_bin_type=False)
-        pipe.xadd(stage, {STAGE_ROWS_FIELD: packed})
+        pipe.xadd(stage, {STAGE_ROWS_FIELD: packed}, nomkstream=True)
     pipe.execute()
     return stage
 
@@ -59,6 +60,21 @@ def test_a_commit_publishes_the_committed_attempts_once_and_drops_the_others(cli
     assert len(bodies(client, "orders")) == 2500, "a repeated commit publishes nothing new"
 
 
+def test_an_attempt_that_writes_after_the_job_is_settled_leaves_nothing(client):
+    """A failed or cancelled attempt still writing when the driver aborts: its stage is deleted by the settling,
+    and its later writes (XADD NOMKSTREAM, as the writer sends them) create nothing; an attempt that begins after
+    the decision writes nothing at all. A stage never settled expires after max_age and the dedupe window."""
+    settings = Settings(max_age=60, dedupe_window=60)
+    job = WriteJob.new(client, settings)
+    job.register()
+    late = job.stage("orders", "p0-late")
+    assert late is not None and 0 < client.pttl(late) <= 120_000
+    job.abort()
+    assert client.xadd(late, {STAGE_ROWS_FIELD: b"\x90"}, nomkstream=True) is None
+    assert job.stage("orders", "p1-after") is None
+    assert not list(client.scan_iter(match="txmq:*:stage:*")) and not client.exists(job.keys.stages)
+
+
 def test_a_rolled_back_job_publishes_nothing_and_leaves_nothing(client):
     job = WriteJob.new(client)
     job.register()
@@ -76,10 +92,11 @@ def test_a_replayed_micro_batch_publishes_nothing_new(client):
     first.commit([published])
     replay = WriteJob.micro_batch(client, "orders-sink", 7)  # the query restarted before its checkpoint recorded 7
     replay.register()
-    again = stage_rows(client, replay, "orders", "run2", 4)
-    decision = replay.commit([again])
+    assert replay.stage("orders", "run2") is None, "its tasks write nothing: the batch is decided"
+    decision = replay.commit([])
     assert decision.status == "DUPLICATE" and decision.stages == [published]
-    assert bodies(client, "orders") == [f"run1-{n}" for n in range(4)] and not client.exists(again)
+    assert bodies(client, "orders") == [f"run1-{n}" for n in range(4)]
+    assert not list(client.scan_iter(match="txmq:*:stage:*")), "no stage was left"
 
     client.delete(first.keys.decision)  # long after: the decision expired, the sink's last batch remains
     late = WriteJob.micro_batch(client, "orders-sink", 6)

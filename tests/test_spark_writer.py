@@ -18,6 +18,8 @@ from redis_txmq import create_topic  # noqa: E402
 from redis_txmq.keys import JOB_REGISTRY  # noqa: E402
 from spark_connector.options import SparkSourceError  # noqa: E402
 
+from .replicas import replicated_fixture  # noqa: E402, F401 - the fixture 'replicated'
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -52,7 +54,10 @@ def test_a_job_whose_task_fails_publishes_nothing_and_leaves_nothing(spark, real
             raise ValueError("a bad row")
         return body
 
-    df = spark.range(300).selectExpr("concat('row ', id) as body").repartition(2)
+    # one task, which writes 299 rows in pipelines of 10 before it fails: with two, Spark would cancel the other
+    # one, whose Python worker may go on writing after this test (the job's decision refuses it then, see
+    # test_jobs; a later test's FLUSHALL would have erased that decision)
+    df = spark.range(300).selectExpr("concat('row ', id) as body").repartition(1)
     with pytest.raises(Exception, match="a bad row"):
         (
             df.select(fail_late(col("body")).alias("body"))
@@ -65,6 +70,35 @@ def test_a_job_whose_task_fails_publishes_nothing_and_leaves_nothing(spark, real
         )
     assert real_client.xlen("orders") == 0
     assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+def test_at_level_replica_stage_writes_are_confirmed_or_the_job_publishes_nothing(spark, replicated):
+    """With ``durability`` replica each pipeline of stage writes waits for the replicas: one replica confirms
+    them; asking for two (only one is attached) fails the task, the job rolls back and leaves nothing behind."""
+    import redis
+
+    url, _ = replicated
+    df = spark.range(300).selectExpr("concat('row ', id) as body").repartition(2)
+
+    def write(replicas: int) -> None:
+        (
+            df.write.format("redis-txmq")
+            .option("redis.url", url)
+            .option("topic", "orders")
+            .option("durability", "replica")
+            .option("durability.replicas", str(replicas))
+            .option("durability.timeout", "0.2")
+            .mode("append")
+            .save()
+        )
+
+    write(1)
+    with redis.Redis.from_url(url) as client:
+        assert bodies(client, "orders") == {f"row {n}": 1 for n in range(300)}
+        with pytest.raises(Exception, match=r"stage writes not confirmed as durable \(replica\): 1 of 2 replica"):
+            write(2)
+        assert client.xlen("orders") == 300
+        assert stages_left(client) == [] and client.zcard(JOB_REGISTRY) == 0
 
 
 def test_a_write_without_a_body_or_a_topic_is_refused(spark, redis_url):
@@ -85,6 +119,7 @@ def test_a_write_can_only_append(spark, redis_url):
 def test_write_options_are_checked_on_the_driver():
     from pyspark.sql.types import StringType, StructField, StructType
 
+    from redis_txmq.durability import Durability
     from spark_connector.writer import parse_write_options
 
     schema = StructType([StructField("body", StringType())])
@@ -94,6 +129,12 @@ def test_write_options_are_checked_on_the_driver():
         parse_write_options({"topic": "orders", "topics": "x"}, schema, streaming=False)
     options = parse_write_options({"topic": "orders", "sinkId": "s1", "redis.password": "pw"}, schema, True)
     assert options.sink_id == "s1" and "pw" not in repr(options)
+    with pytest.raises(SparkSourceError, match="durability must be one of"):
+        parse_write_options({"topic": "orders", "durability": "disk"}, schema, streaming=False)
+    with pytest.raises(SparkSourceError, match="on a cluster"):
+        parse_write_options({"topic": "orders", "durability": "replica", "redis.cluster": "true"}, schema, False)
+    durable = parse_write_options({"topic": "orders", "durability": "aof", "durability.timeout": "2"}, schema, False)
+    assert durable.settings.durability_level() == Durability("aof", 0, 2.0)
 
 
 def stream_copy(spark, redis_url, checkpoint, **options):

@@ -1,0 +1,16 @@
+-- note_stage: list a task attempt's stage in its write job, unless the job is decided: a task that starts after
+-- the driver committed or aborted (a late or speculative attempt) must write nothing the settling would miss.
+-- KEYS[1] decision  hash  txmq:job:{<job>} or txmq:job:{<sink>}:<batch>
+-- KEYS[2] stages    set   the job's stages (same slot)
+-- ARGV[1] stage     the stage key (opened first: open_stage.lua)
+-- Reply: {'OK'}, {'DECIDED', outcome} (not listed: the writer deletes its stage) or {'ERR', 'BADARG', detail}.
+
+if ARGV[1] == nil or ARGV[1] == '' then
+  return {'ERR', 'BADARG', 'need the stage key'}
+end
+local outcome = redis.call('HGET', KEYS[1], 'outcome')
+if outcome then
+  return {'DECIDED', outcome}
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+return {'OK'}
