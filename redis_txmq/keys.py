@@ -32,6 +32,7 @@ key                                   type    holds
 ``{txmq:checkers}:durability``        hash    checker instance -> durability level (slot of ``txmq:checkers``)
 ``txmq:decision:{X}``                 hash    the decision of transaction X of several messages (its own slot)
 ``txmq:{S}:stage:<J>:<a>``            stream  rows of attempt a of a write job J for stream S, invisible until J commits
+                                              (MessagePack, 100 rows per entry; expires after max_age + dedupe window)
 ``txmq:job:{J}`` / ``:stages``        hash    write job J's decision (outcome, stages committed) / set: its stages
 ``txmq:job:{K}:<b>`` / ``:stages``    hash    the same for micro-batch b of streaming sink K
 ``txmq:sink:{K}``                     hash    streaming sink K: ``last_batch``, the last micro-batch it committed
