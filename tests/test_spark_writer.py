@@ -101,6 +101,32 @@ def test_at_level_replica_stage_writes_are_confirmed_or_the_job_publishes_nothin
         assert stages_left(client) == [] and client.zcard(JOB_REGISTRY) == 0
 
 
+@pytest.mark.parametrize(
+    "source, published",
+    [("CommitFailsBeforeDeciding", 0), ("CommitDiesAfterDeciding", 400)],
+)
+def test_a_job_whose_driver_fails_after_its_tasks_wrote_publishes_each_row_once_or_none(
+    spark, real_client, redis_url, source, published
+):
+    """The tasks wrote their stages, then the driver's commit fails: before deciding, Spark's abort rolls the job
+    back; right after writing the decision (its process exits), the abort finds the COMMIT that stands and
+    publishes it. Either way each row once or none, and nothing left."""
+    from . import spark_driver_failures
+
+    spark.dataSource.register(getattr(spark_driver_failures, source))
+    df = spark.range(400).selectExpr("concat('row ', id) as body").repartition(2)
+    with pytest.raises(Exception):  # noqa: B017 - Spark wraps the driver's error in its own
+        df.write.format(source_name(spark_driver_failures, source)).option("redis.url", redis_url).option(
+            "topic", "orders"
+        ).mode("append").save()
+    assert bodies(real_client, "orders") == {f"row {n}": 1 for n in range(published)}
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+def source_name(module, source: str) -> str:
+    return getattr(module, source).name()
+
+
 def test_a_write_without_a_body_or_a_topic_is_refused(spark, redis_url):
     df = spark.createDataFrame([("x",)], "payload string")
     with pytest.raises(Exception, match="body"):
