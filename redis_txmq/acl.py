@@ -114,7 +114,7 @@ DECISIONS = f"{PREFIX}:decision:*"
 """Decisions of transactions of several messages: named by random transaction ids, so no narrower pattern fits."""
 JOBS = (JOB_REGISTRY, f"{PREFIX}:job:*", f"{PREFIX}:sink:*")
 ROLES = ("producer", "checker", "consumer", "spark", "spark-writer")
-DURABILITY_COMMANDS = {"master": (), "replica": ("wait",), "aof": ("waitaof",)}
+DURABILITY_COMMANDS: dict[str, tuple[str, ...]] = {"master": (), "replica": ("wait",), "aof": ("waitaof",)}
 """What a durability level adds to the roles that write (producer, checker, Spark writer): its confirming command
 (``WAITAOF`` exists from Redis 7.2 on: an older server refuses the rule)."""
 
@@ -153,6 +153,7 @@ def acl_rules(
     groups = list(producer_groups)
     for group in groups:
         validate_name(group, "producer group")
+    commands: tuple[str, ...]
     if role == "producer":
         if not groups:
             raise ConfigurationError("ACL rules for a producer: name its producer group")
@@ -184,5 +185,5 @@ def acl_rules(
             validate_name(topic, "topic")
             keys += [f"%R~{topic}", f"%R~{topic}#*", f"%R~{PREFIX}:topic:{{{topic}}}"]
         return ["resetkeys", *keys, "resetchannels", "-@all", *(f"+{c}" for c in SPARK_COMMANDS)]
-    commands = (*commands, *DURABILITY_COMMANDS[durability])
+    commands += DURABILITY_COMMANDS[durability]
     return ["resetkeys", *(f"~{k}" for k in keys), "resetchannels", "-@all", *(f"+{c}" for c in commands)]

@@ -269,7 +269,7 @@ class DeadResolution:
     result: EndResult
 
 
-def _dead_letter_fields(client: Any, keys: TopicKeys, transaction_id: str) -> dict[bytes, bytes]:
+def _dead_letter_fields(client: Any, keys: TopicKeys, transaction_id: str) -> dict[str, bytes]:
     """The fields of a dead letter ({} when the transaction is no longer dead-lettered)."""
     dead_id = client.hget(keys.dead_index, transaction_id)
     found = client.xrange(keys.dead_stream, dead_id, dead_id) if dead_id else []
