@@ -27,6 +27,7 @@ from rich.table import Table
 from . import __version__
 from .config import Settings
 from .connection import REDIS_ERRORS, connect, instance_id, redact_url
+from .durability import LEVELS
 from .durability import describe as describe_durability
 from .errors import ConfigurationError, TxMQConnectionError, TxMQError
 from .groups import Backoff
@@ -346,7 +347,7 @@ def demo(redis_url: str | None, spark: bool) -> None:
 )
 @click.option(
     "--durability",
-    type=click.Choice(["master", "replica", "aof"]),
+    type=click.Choice(LEVELS),
     envvar="TXMQ_DURABILITY",
     show_envvar=True,
     help="What an end must reach before it counts as done: the master (default), replicas (WAIT), the AOF (WAITAOF).",
@@ -608,7 +609,7 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
 @click.option("--user", default="txmq-ROLE", show_default=True, help="The ACL user name.")
 @click.option(
     "--durability",
-    type=click.Choice(["master", "replica", "aof"]),
+    type=click.Choice(LEVELS),
     default="master",
     show_default=True,
     help="The durability level the part writes with: replica allows WAIT, aof WAITAOF (Redis >= 7.2).",
