@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import json
 import logging
 import os
@@ -144,7 +145,7 @@ def kill_after_decision(producer: Any, flag: Path, seed: int) -> None:
     def die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if asyncio.iscoroutinefunction(decide):
+    if inspect.iscoroutinefunction(decide):
 
         async def decide_async(*args: Any, **kwargs: Any) -> Any:
             return arm(await decide(*args, **kwargs))
