@@ -28,6 +28,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+QUICK_REPLICA_SYNC = ("--repl-diskless-sync-delay", "0")
+"""A replica attached to a throwaway server syncs at once (the default waits 5 s for more replicas to join)."""
+
+
 def wait_for_ping(url: str, deadline_seconds: float = 10.0) -> None:
     """Return once the server at ``url`` answers PING; raise :class:`TxMQError` at the deadline."""
     deadline = time.monotonic() + deadline_seconds
@@ -109,6 +113,7 @@ class EmbeddedRedis:
                     self._workdir.name,
                     "--loglevel",
                     "warning",
+                    *QUICK_REPLICA_SYNC,
                     *self.extra_args,
                 ],
                 stdout=subprocess.DEVNULL,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from redis_txmq.embedded import free_port, server_binary, wait_for_ping
+from redis_txmq.embedded import QUICK_REPLICA_SYNC, free_port, server_binary, wait_for_ping
 
 from .helpers import wait_through_errors
 from .tls_fixture import Certificates, make_certificates, skip_without_tls
@@ -86,6 +86,7 @@ class SentinelGroup:
         ports = ["--port", str(port)] if self.certificates is None else ["--port", "0", "--tls-port", str(port)]
         args = [self.binary, *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self._tls_args()]
         args += ["--dir", str(data), "--logfile", str(data / "log"), "--repl-ping-replica-period", "1"]
+        args += QUICK_REPLICA_SYNC
         if replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(replica_of)]
         if self.data_password:
