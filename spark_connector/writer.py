@@ -2,10 +2,10 @@
 
 Each task attempt writes its rows to stages of the job (:mod:`redis_txmq.jobs`): streams beside the topic streams,
 invisible to consumers, each entry a MessagePack array of up to a hundred rows, written by pipelined XADD from Arrow
-batches. The driver's ``commit`` decides once for the
-stages of the attempts Spark committed and publishes them; ``abort`` rolls back; stages of failed or speculative
-attempts are deleted. A streaming micro-batch is a job keyed by the ``sinkId`` option and the batch id, whose
-decision also records the sink's last committed batch: a batch replayed after a restart publishes nothing new.
+batches. The driver's ``commit`` decides once for the stages of the attempts Spark committed and publishes them;
+``abort`` rolls back; stages of failed or speculative attempts are deleted. A streaming micro-batch is a job keyed
+by the ``sinkId`` option and the batch id, whose decision also records the sink's last committed batch: a batch
+replayed after a restart publishes nothing new.
 Clients are made where they are used (writers are pickled to executors).
 """
 
@@ -155,11 +155,6 @@ def parse_write_options(
         Durability.of(level, replicas, timeout)
     except (ValueError, ConfigurationError) as exc:
         raise SparkSourceError(f"options durability, durability.replicas, durability.timeout: {exc}") from None
-    if level != "master" and connection.cluster:
-        raise SparkSourceError(
-            f"durability {level!r} with redis.cluster: the writer confirms stage writes on one server only; "
-            "use durability 'master' on a cluster"
-        )
     return WriteOptions(connection, topic, sink_id, size, level, replicas, timeout)
 
 
@@ -197,47 +192,27 @@ class _Router:
         return streams[self._next % len(streams)]
 
 
-class _Sender:
-    """Sends XADD commands in batches and checks every reply. On one server: packed by hiredis and written on a
-    connection of the client's pool, the replies read back one by one (redis-py's pipeline spends more time per row
-    than the server does), each batch followed by the durability level's confirmation on the same connection; on a
-    cluster: redis-py's cluster pipeline, which routes each stage to its master."""
+class _Lane:
+    """The commands for one server, packed by hiredis and written on one connection of its pool, the replies read
+    back one by one (redis-py's pipeline spends more time per row than the server does), each batch followed by the
+    durability level's confirmation on the same connection."""
 
-    def __init__(self, client: Any, durability: Durability | None = None, job_id: str = "") -> None:
-        self.client = client
+    def __init__(self, client: Any, durability: Durability | None, job_id: str) -> None:
+        self.pool = client.connection_pool
         self.durability = durability
         self.job_id = job_id
-        self._conn: Any = None
-        self._pack = None
-        self._pipe: Any = None
+        self._pack = hiredis_packer(self.pool.connection_kwargs)
+        self._conn = self.pool.get_connection()
         self._packed: list[bytes] = []
-        if isinstance(client, RedisCluster):
-            self._pipe = client.pipeline(transaction=False)
-        else:
-            self._pack = hiredis_packer(client.connection_pool.connection_kwargs)
-            self._conn = client.connection_pool.get_connection()
-        self.queued = 0
-        self.rows = 0
-        """Rows in the queued commands."""
 
-    def add(self, command: list[Any], rows: int) -> None:
-        if self._pipe is not None:
-            self._pipe.execute_command(*command)
-        elif self._pack is not None:
+    def add(self, command: list[Any]) -> None:
+        if self._pack is not None:
             self._packed.append(self._pack(tuple(command)))
         else:
             self._packed.extend(self._conn.pack_command(*command))
-        self.queued += 1
-        self.rows += rows
 
-    def flush(self) -> None:
-        if not self.queued:
-            return
-        count, self.queued, self.rows = self.queued, 0, 0
-        if self._pipe is not None:
-            if any(reply is None for reply in self._pipe.execute()):
-                raise TxMQError(f"write job {self.job_id}: {SETTLED_WHILE_WRITING}")
-            return
+    def flush(self, count: int) -> None:
+        """Send the queued commands (``count`` of them) and check every reply, then the confirmation."""
         packed, self._packed = self._packed, []
         durability = self.durability
         if durability is not None:
@@ -262,9 +237,65 @@ class _Sender:
             raise failure
 
     def close(self) -> None:
-        if self._conn is not None:
-            self.client.connection_pool.release(self._conn)
-            self._conn = None
+        self.pool.release(self._conn)
+
+
+class _Sender:
+    """Sends XADD commands in batches and checks every reply: on one server in one :class:`_Lane`; on a cluster
+    through redis-py's cluster pipeline, which routes each stage to its master (and follows MOVED and ASK), or, at a
+    durability level, in a lane per master, where each master confirms the writes it took."""
+
+    def __init__(self, client: Any, durability: Durability | None = None, job_id: str = "") -> None:
+        self.client = client
+        self.durability = durability
+        self.job_id = job_id
+        self._pipe: Any = None
+        self._lanes: dict[str, _Lane] = {}
+        self._queued: dict[str, int] = {}
+        if isinstance(client, RedisCluster) and durability is None:
+            self._pipe = client.pipeline(transaction=False)
+        self.queued = 0
+        self.rows = 0
+        """Rows in the queued commands."""
+
+    def _lane(self, key: str) -> str:
+        """The name of the lane of the server that holds ``key`` (made on first use)."""
+        if isinstance(self.client, RedisCluster):
+            node = self.client.get_node_from_key(key)
+            name, server = node.name, node.redis_connection
+        else:
+            name, server = "", self.client
+        if name not in self._lanes:
+            self._lanes[name] = _Lane(server, self.durability, self.job_id)
+        return name
+
+    def add(self, command: list[Any], rows: int) -> None:
+        """Queue ``command`` (its second element is the key it writes), which holds ``rows`` rows."""
+        if self._pipe is not None:
+            self._pipe.execute_command(*command)
+        else:
+            name = self._lane(command[1])
+            self._lanes[name].add(command)
+            self._queued[name] = self._queued.get(name, 0) + 1
+        self.queued += 1
+        self.rows += rows
+
+    def flush(self) -> None:
+        if not self.queued:
+            return
+        self.queued, self.rows = 0, 0
+        if self._pipe is not None:
+            if any(reply is None for reply in self._pipe.execute()):
+                raise TxMQError(f"write job {self.job_id}: {SETTLED_WHILE_WRITING}")
+            return
+        queued, self._queued = self._queued, {}
+        for name, count in queued.items():
+            self._lanes[name].flush(count)
+
+    def close(self) -> None:
+        lanes, self._lanes = self._lanes, {}
+        for lane in lanes.values():
+            lane.close()
 
 
 def _encoder() -> Any:
@@ -324,7 +355,7 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
     partition = context.partitionId() if context else 0
     attempt = f"{partition}-{context.taskAttemptId() if context else 0}-{os.urandom(4).hex()}"
     client = options.connection.client()
-    job = WriteJob(client, keys)
+    job = WriteJob(client, keys, options.settings)
     router = _Router(client)
     stages: dict[str, str] = {}
     """Topic stream -> this attempt's stage for it."""
