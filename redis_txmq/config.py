@@ -95,6 +95,12 @@ class Settings:
             raise ConfigurationError(f"op_stream_maxlen must be >= 1, got {self.op_stream_maxlen}")
         self.durability_level()
 
+    @property
+    def kept_ms(self) -> int:
+        """How long a decision (of a transaction of several messages, of a write job) and a write job's stage are
+        kept: as long as a half message or a job may still be in flight (``max_age``), and the dedupe window."""
+        return int((self.max_age + self.dedupe_window) * 1000)
+
     def durability_level(self) -> Durability | None:
         """The durability level as the command that confirms it (None for ``master``)."""
         return Durability.of(self.durability, self.durability_replicas, self.durability_timeout)

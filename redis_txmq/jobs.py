@@ -101,9 +101,8 @@ class WriteJob:
         late or speculative attempt, a micro-batch replayed after a restart): the attempt writes nothing."""
         key = stage_key(stream, self.job_id, attempt)
         self.register()
-        keep_ms = int((self.settings.max_age + self.settings.dedupe_window) * 1000)
         # not confirmed here: the writer's confirmation of its stage writes covers these earlier writes too
-        self._do("open a stage", lambda: self._open_stage(keys=[key], args=[keep_ms]))
+        self._do("open a stage", lambda: self._open_stage(keys=[key], args=[self.settings.kept_ms]))
         noted = self._do("note a stage", lambda: self._note_stage(keys=self.keys.note_keys, args=[key]))
         if text(noted[0]) == "OK":
             return key
@@ -120,10 +119,9 @@ class WriteJob:
         return None
 
     def decide(self, outcome: LocalTransactionState, stages: list[str]) -> Decision:
-        keep_ms = int((self.settings.max_age + self.settings.dedupe_window) * 1000)
         keys = [self.keys.decision] + ([self.keys.sink] if self.keys.sink else [])
         batch = str(self.keys.batch_id) if self.keys.sink else ""
-        args = [LocalTransactionState(outcome).value, json.dumps(sorted(stages)), keep_ms, batch]
+        args = [LocalTransactionState(outcome).value, json.dumps(sorted(stages)), self.settings.kept_ms, batch]
         reply = self._do("decide", lambda: self._runner.run(self._decide, keys, args))
         return self._decision(reply)
 

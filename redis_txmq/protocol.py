@@ -133,8 +133,7 @@ def decide_args(
 ) -> list[Any]:
     """ARGV of ``lua/decide_transaction.lua``: the decision is kept as long as one of its half messages may still
     be in flight (``max_age``) and the dedupe window after that."""
-    keep_ms = int((settings.max_age + settings.dedupe_window) * 1000)
-    return [transaction_id, producer_group, LocalTransactionState(outcome).value, source.value, keep_ms]
+    return [transaction_id, producer_group, LocalTransactionState(outcome).value, source.value, settings.kept_ms]
 
 
 def decide_call_error(exc: Exception, transaction_id: str) -> TxMQConnectionError:

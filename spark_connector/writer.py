@@ -71,18 +71,8 @@ class WriteOptions:
     topic: str | None = None
     sink_id: str | None = None
     write_batch_size: int = 1000
-    durability: str = "master"
-    durability_replicas: int = 1
-    durability_timeout: float = 1.0
-
-    @property
-    def settings(self) -> Settings:
-        """The settings of the driver's write job: its durability level."""
-        return Settings(
-            durability=self.durability,
-            durability_replicas=self.durability_replicas,
-            durability_timeout=self.durability_timeout,
-        )
+    settings: Settings = field(default_factory=Settings)
+    """The write job's settings: its durability level (for the stage writes, the decision and the publishing)."""
 
 
 @dataclass
@@ -148,14 +138,16 @@ def parse_write_options(
         cluster=bool_option(given, "redis.cluster", False),
     )
     size = positive_int_option(given, "writebatchsize", "writeBatchSize") or 1000
-    level = given.get("durability", "master").strip().lower()
     replicas = positive_int_option(given, "durability.replicas", "durability.replicas") or 1
     try:
-        timeout = float(given.get("durability.timeout", "1.0"))
-        Durability.of(level, replicas, timeout)
+        settings = Settings(
+            durability=given.get("durability", "master").strip().lower(),
+            durability_replicas=replicas,
+            durability_timeout=float(given.get("durability.timeout", "1.0")),
+        )
     except (ValueError, ConfigurationError) as exc:
         raise SparkSourceError(f"options durability, durability.replicas, durability.timeout: {exc}") from None
-    return WriteOptions(connection, topic, sink_id, size, level, replicas, timeout)
+    return WriteOptions(connection, topic, sink_id, size, settings)
 
 
 def _valid_topic(topic: str) -> str:
