@@ -20,13 +20,20 @@ from typing import Any
 import redis
 
 from redis_txmq import entries, tracing
-from redis_txmq.admin import registered_topics
+from redis_txmq.admin import registered_topics, resolve_dead_part
 from redis_txmq.broker import RedisBroker
 from redis_txmq.config import Settings
 from redis_txmq.connection import REDIS_ERRORS
 from redis_txmq.connection import instance_id as new_instance_id
 from redis_txmq.errors import TransactionError, TxMQConnectionError, TxMQError
-from redis_txmq.groups import CURSOR_START, Backoff, PendingTakeover, ensure_consumer_group, is_missing_group
+from redis_txmq.groups import (
+    CURSOR_START,
+    Backoff,
+    PendingTakeover,
+    ensure_consumer_group,
+    is_missing_group,
+    read_group,
+)
 from redis_txmq.heartbeat import Heartbeat
 from redis_txmq.jobs import settle_jobs
 from redis_txmq.keys import (
@@ -38,7 +45,16 @@ from redis_txmq.keys import (
     topic_keys_of_stream,
 )
 from redis_txmq.message import LocalTransactionState
-from redis_txmq.protocol import DueCheck, EndCall, EndResult, EndSource
+from redis_txmq.protocol import (
+    DueCheck,
+    EndCall,
+    EndResult,
+    EndSource,
+    GivenUp,
+    RecordAction,
+    SentCheck,
+    message_index,
+)
 
 from .metrics import CheckerMetrics
 
@@ -216,81 +232,161 @@ class Checker:
                 logger.warning("tx=%s topic=%s dead-lettered: %s", transaction_id, keys.topic, reason)
                 self.metrics.dead_letters.labels(keys.topic).inc()
             stats.dead_lettered += len(claimed.dead_lettered)
+            if claimed.given_up:
+                stats.dead_lettered += self._give_up(keys, claimed.given_up)
             self.broker.drop_check_requests(claimed.abandoned_requests)
             stats.checks_sent += self._send_requests(keys, claimed.to_check)
-            if len(claimed.to_check) + len(claimed.dead_lettered) < self.batch_size:
+            if len(claimed.to_check) + len(claimed.dead_lettered) + len(claimed.given_up) < self.batch_size:
                 return
             if batch == SCAN_BATCHES - 1:
                 stats.more_due = True
 
     def _settle_decided(self, keys: TopicKeys, due: list[DueCheck]) -> list[DueCheck]:
-        """End the messages of transactions of several messages whose decision is written (their producer died
-        before ending them all) without asking anybody; returns the claimed transactions left to ask about."""
+        """End the messages of transactions of several messages that their record settles without asking anybody:
+        decided ones (their producer died before ending them all) with the decision, those whose send did not
+        return with ROLLBACK (whatever the decision); returns the claimed transactions left to ask about."""
         parents = sorted({check.parent_transaction_id for check in due if check.parent_transaction_id})
         if not parents:
             return due
-        decided = self.broker.decisions(parents)
-        ends = [
-            EndCall(
-                keys,
-                check.transaction_id,
-                check.producer_group,
-                decided[check.parent_transaction_id],
-                EndSource.CHECKER,
-                remark=f"decided with transaction {check.parent_transaction_id}",
-                half_id=check.half_id,
-            )
-            for check in due
-            if check.parent_transaction_id in decided
-        ]
+        records = self.broker.decisions(parents)
+        ends: list[EndCall] = []
+        left: list[DueCheck] = []
+        for check in due:
+            record = records.get(check.parent_transaction_id)
+            outcome = record.outcome_of(check.transaction_id) if record is not None else None
+            if outcome is None:
+                left.append(check)
+                continue
+            ends.append(self._end_by_record(keys, check.transaction_id, check.producer_group, check.half_id, outcome))
+        self._end_by_records(keys, ends)
+        return left
+
+    @staticmethod
+    def _end_by_record(
+        keys: TopicKeys, transaction_id: str, group: str, half_id: str, outcome: LocalTransactionState
+    ) -> EndCall:
+        parent = transaction_id.rpartition(".")[0]
+        return EndCall(
+            keys,
+            transaction_id,
+            group,
+            outcome,
+            EndSource.CHECKER,
+            remark=f"ended with the record of transaction {parent}",
+            half_id=half_id,
+        )
+
+    def _end_by_records(self, keys: TopicKeys, ends: list[EndCall]) -> None:
         if ends:
             for end, result in zip(ends, self.broker.end_transactions(ends), strict=True):
                 if self._account(end, result):
-                    logger.info("tx=%s topic=%s ended with its transaction's decision", end.transaction_id, keys.topic)
-        return [check for check in due if check.parent_transaction_id not in decided]
+                    logger.info(
+                        "tx=%s topic=%s ended %s by its transaction's record",
+                        end.transaction_id,
+                        keys.topic,
+                        end.outcome.value,
+                    )
+
+    def _give_up(self, keys: TopicKeys, given_up: list[GivenUp]) -> int:
+        """Messages of transactions of several messages past ``check_max`` or ``max_age``: the record of each
+        transaction is pinned first (so it outlives the dead letters); a message whose transaction is decided (or
+        whose send did not return) is ended by the record, never dead-lettered; the others are dead-lettered. A
+        decision that lands between the pin and the burial resolves the new dead letter at once. Returns the
+        number dead-lettered."""
+        ends: list[EndCall] = []
+        buried: list[tuple[GivenUp, str]] = []
+        for part in given_up:
+            index = message_index(part.parent_transaction_id, part.transaction_id)
+            record = self.broker.decide(
+                part.parent_transaction_id,
+                part.producer_group,
+                RecordAction.PIN,
+                EndSource.CHECKER,
+                [] if index is None else [index],
+            )
+            outcome = record.outcome_of(part.transaction_id)
+            if outcome is not None:
+                ends.append(self._end_by_record(keys, part.transaction_id, part.producer_group, part.half_id, outcome))
+                continue
+            dead_id = self.broker.bury_half(keys, part.transaction_id, part.half_id, part.reason, part.producer_group)
+            if dead_id:
+                logger.warning("tx=%s topic=%s dead-lettered: %s", part.transaction_id, keys.topic, part.reason)
+                self.metrics.dead_letters.labels(keys.topic).inc()
+                buried.append((part, dead_id))
+            elif index is not None:  # ended meanwhile: nothing of it is dead-lettered
+                self.broker.decide(
+                    part.parent_transaction_id, part.producer_group, RecordAction.UNPIN, EndSource.CHECKER, [index]
+                )
+        self._end_by_records(keys, ends)
+        if buried:
+            records = self.broker.decisions(sorted({part.parent_transaction_id for part, _ in buried}))
+            for part, _ in buried:
+                outcome = records[part.parent_transaction_id].outcome_of(part.transaction_id)
+                if outcome is not None:  # decided between the pin and the burial
+                    resolve_dead_part(self.broker, keys, part.transaction_id, part.producer_group, outcome)
+        return len(buried)
 
     def _send_requests(self, keys: TopicKeys, due: list[DueCheck]) -> int:
         """Send one check request per claimed transaction, replacing the one still pending from its last check (at
         most one request per transaction, however long its group has no live producer), then index them. A
-        message of a transaction of several whose decision is written is ended with it instead."""
+        message of a transaction of several whose decision is written is ended with it instead.
+
+        ``check_max`` counts the checks that reached a producer: a replaced request that no producer instance read
+        (none alive, or none reading: a failover, a reconnect) gives its check back, so an outage of any length
+        does not spend the budget. Read means delivered: the request was in a consumer's pending list, or gone (a
+        producer deletes what it answers); one still in the stream and in no pending list was never read."""
         due = self._settle_decided(keys, due)
         if not due:
             return 0
+        replaced = [check for check in due if check.previous_request]
+        unread: set[str] = set()
+        if replaced:
+            pipe = self.client.pipeline(transaction=False)
+            for check in replaced:
+                stream = GroupKeys(check.producer_group).check_requests
+                pipe.xack(stream, PRODUCERS_CONSUMER_GROUP, check.previous_request)
+                pipe.xdel(stream, check.previous_request)
+            retired = iter(pipe.execute())
+            for check in replaced:
+                acked, deleted = next(retired), next(retired)
+                if deleted and not acked:
+                    unread.add(check.transaction_id)
         requested_ms = str(int(time.time() * 1000)).encode()
         pipe = self.client.pipeline(transaction=False)
         for check in due:
-            stream = GroupKeys(check.producer_group).check_requests
-            if check.previous_request:
-                pipe.xack(stream, PRODUCERS_CONSUMER_GROUP, check.previous_request)
-                pipe.xdel(stream, check.previous_request)
             request = dict(check.fields)
             request.update(
                 {
                     entries.STREAM: keys.topic_stream.encode(),
                     entries.HALF_ID: check.half_id.encode(),
-                    entries.CHECK_TIMES: str(check.check_times).encode(),
+                    entries.CHECK_TIMES: str(check.check_times - (check.transaction_id in unread)).encode(),
                     entries.REQUESTED_MS: requested_ms,
                 }
             )
-            pipe.xadd(stream, request)
-        replies = iter(pipe.execute())
-        sent: list[tuple[str, str]] = []
+            pipe.xadd(GroupKeys(check.producer_group).check_requests, request)
+        sent = [
+            SentCheck(
+                check.transaction_id,
+                entries.text(request_id) or "",
+                check.previous_request if check.transaction_id in unread else "",
+            )
+            for check, request_id in zip(due, pipe.execute(), strict=True)
+        ]
         for check in due:
-            if check.previous_request:
-                next(replies), next(replies)
-            sent.append((check.transaction_id, entries.text(next(replies)) or ""))
             logger.debug(
-                "tx=%s topic=%s check %d sent to group %s",
+                "tx=%s topic=%s check %d sent to group %s%s",
                 check.transaction_id,
                 keys.topic,
                 check.check_times,
                 check.producer_group,
+                "; the last one was never read: not counted" if check.transaction_id in unread else "",
             )
             self.metrics.checks_sent.labels(check.producer_group).inc()
-        stale = set(self.broker.note_check_requests(keys, sent))
+        stale = set(self.broker.note_check_requests(keys, sent).stale)
         if stale:
+            groups = {check.transaction_id: check.producer_group for check in due}
             self.broker.drop_check_requests(
-                [(check.producer_group, rid) for check, (_, rid) in zip(due, sent, strict=True) if rid in stale]
+                [(groups[s.transaction_id], s.request_id) for s in sent if s.request_id in stale]
             )
         return len(due)
 
@@ -344,12 +440,8 @@ class Checker:
         if claimed:
             logger.info("checker %s took over %d answers of a dead checker", self.instance_id, len(claimed))
             applied += self._apply_all(claimed)
-        reply = self.client.xreadgroup(
-            CHECKERS_CONSUMER_GROUP,
-            self.instance_id,
-            {REPLY_STREAM: ">"},
-            count=self.batch_size,
-            block=block_ms or None,
+        reply = read_group(
+            self.client, CHECKERS_CONSUMER_GROUP, self.instance_id, REPLY_STREAM, self.batch_size, block_ms or None
         )
         for _, batch in entries.stream_batches(reply):
             applied += self._apply_all(batch)
@@ -415,13 +507,15 @@ class Checker:
         self._observe_latency(fields)
         parent = text(fields.get(entries.PARENT_TRANSACTION_ID))
         if parent and state is not LocalTransactionState.UNKNOWN:
-            # every message of the transaction follows its first decision, whatever later answers say; a
-            # connection error raises (the answer stays pending), a refused decision skips the answer
+            # every message of the transaction follows its first decision, whatever later answers say, and one
+            # whose send did not return is rolled back; a connection error raises (the answer stays pending), a
+            # refused decision skips the answer
             try:
-                state, _ = self.broker.decide(parent, group, state, EndSource.CHECKER)
+                record = self.broker.decide(parent, group, state, EndSource.CHECKER)
             except TransactionError as exc:
                 logger.error("tx=%s check answer %s skipped: %s", txid, state.value, exc)
                 return None
+            state = record.outcome_of(txid) or state
         return EndCall(
             keys,
             txid,

@@ -2,7 +2,9 @@
 -- Called by every checker instance; each call claims distinct transactions, atomically, so instances share work.
 -- A claimed transaction has its check counted and its next check scheduled one check_interval later: at most one
 -- check per transaction per interval, however many checkers run. Over check_max checks or older than max_age, it is
--- moved whole to the dead-letter stream instead. Indexed entries whose half message is malformed are dead-lettered.
+-- moved whole to the dead-letter stream instead, unless it is a message of a transaction of several: that one is
+-- given up (rescheduled, not counted) and the caller reads its transaction's record first. Indexed entries whose
+-- half message is malformed are dead-lettered.
 -- KEYS: the topic keys of topic_keys.lua.
 -- ARGV[1] transaction_timeout_ms   check immunity of messages without their own
 -- ARGV[2] check_interval_ms        time between two checks of one transaction
@@ -11,8 +13,9 @@
 -- ARGV[5] limit                    at most this many transactions per call
 -- ARGV[6] dedupe_window_ms         outcomes (and op records) older than this are forgotten, up to 1000 per call
 -- Reply: {'OK', {{transaction_id, half_id, check_times, half_fields, previous_request_id}, ...},
---              {{transaction_id, reason, producer_group, request_id}, ...}}
---        (to check; dead-lettered) or {'ERR', 'BADARG', detail}. A request id ('' for none) names the
+--              {{transaction_id, reason, producer_group, request_id}, ...},
+--              {{transaction_id, half_id, reason, producer_group, parent_transaction_id}, ...}}
+--        (to check; dead-lettered; given up) or {'ERR', 'BADARG', detail}. A request id ('' for none) names the
 --        transaction's pending check request in its producer group's stream (another hash slot): the caller
 --        deletes it, so a transaction has at most one pending request and none once it is dead-lettered.
 
@@ -34,12 +37,13 @@ if #candidates < limit then
   end
 end
 
-local to_check, buried = {}, {}
+local to_check, buried, given_up = {}, {}, {}
 for _, txid in ipairs(candidates) do
   local half_id = redis.call('HGET', inflight, txid)
   local entries = half_id and redis.call('XRANGE', half_stream, half_id, half_id) or {}
   local check_times = tonumber(redis.call('HGET', checks, txid) or '0') or 0
   local reason = nil
+  local malformed = false
   local half = {}
   if not half_id then
     -- index without transaction (written by another tool): drop the stale index entries
@@ -52,13 +56,20 @@ for _, txid in ipairs(candidates) do
     local born = tonumber(half['born_ms'] or '')
     if half['transaction_id'] ~= txid or not half['producer_group'] or not half['body'] or not born then
       reason = 'malformed half message: needs transaction_id, producer_group, body and born_ms'
+      malformed = true
     elseif check_times >= check_max then
       reason = 'check_max ' .. check_max .. ' checks reached'
     elseif now - born > max_age_ms then
       reason = 'older than max_age ' .. string.format('%d', max_age_ms) .. ' ms'
     end
   end
-  if reason then
+  if reason and half['parent_transaction_id'] and not malformed then
+    -- a message of a transaction of several: the checker first reads (and pins) its transaction's record, in
+    -- another slot: decided, the message is ended with the decision; undecided, it is buried (bury_half.lua)
+    redis.call('ZREM', unchecked, txid)
+    redis.call('ZADD', due, now + interval_ms, txid)
+    given_up[#given_up + 1] = {txid, half_id, reason, half['producer_group'], half['parent_transaction_id']}
+  elseif reason then
     local _, request_id = bury(txid, half_id, entries[1] and entries[1][2] or {'transaction_id', txid}, reason,
       check_times, now)
     buried[#buried + 1] = {txid, reason, half['producer_group'] or '', request_id}
@@ -69,4 +80,4 @@ for _, txid in ipairs(candidates) do
     to_check[#to_check + 1] = {txid, half_id, check_times + 1, entries[1][2], redis.call('HGET', requests, txid) or ''}
   end
 end
-return {'OK', to_check, buried}
+return {'OK', to_check, buried, given_up}

@@ -22,7 +22,7 @@ from .keys import (
     topic_keys_of_stream,
 )
 from .message import LocalTransactionState, validate_name
-from .protocol import DeadAction, EndResult, EndSource
+from .protocol import DeadAction, EndResult, EndSource, RecordAction, message_index
 
 logger = logging.getLogger(__name__)
 
@@ -295,35 +295,64 @@ def resolve_dead_transaction(
     message) and what was resolved.
 
     A message of a transaction of several is never resolved alone: COMMIT or ROLLBACK first writes that transaction's
-    decision (``lua/decide_transaction.lua``; the first decision stands, :class:`TransactionConflictError` when it is
-    the other one), then resolves every dead-lettered message of the transaction with it; its messages still in
-    flight are ended with the decision by the checker. RECHECK puts them all back in flight. Running it again after
-    a crash finishes the job: the decision is written once and each resolution is idempotent."""
+    decision in its record (``lua/decide_transaction.lua``; the first decision stands, :class:`TransactionConflictError`
+    when it is the other one; the record outlives every dead letter of the transaction), then resolves every
+    dead-lettered message of the transaction by the record (a message whose send did not return is rolled back
+    whatever the decision); its messages still in flight are ended by the checker. RECHECK puts them all back in
+    flight. Running it again after a crash finishes the job: the decision is written once and each resolution is
+    idempotent."""
     client = broker.client
     keys, whole_id = find_dead_transaction(client, transaction_id, topic)
     fields = _dead_letter_fields(client, keys, whole_id)
     parent = entries.text(fields.get(entries.PARENT_TRANSACTION_ID)) or ""
-    if not fields and "." in whole_id:  # resolved before: its decision says what a repeat may do
+    if not fields and "." in whole_id:  # resolved before: its record says what a repeat may do
         parent = whole_id.rpartition(".")[0]
     if not parent:
         return "", [DeadResolution(keys, whole_id, broker.resolve_dead(keys, whole_id, action, remark))]
-    if action is not DeadAction.RECHECK:
-        asked = LocalTransactionState(action.value)
-        if fields:
-            group = entries.text(fields.get(entries.PRODUCER_GROUP)) or ""
-            decided, _ = broker.decide(parent, group, asked, EndSource.OPERATOR)
-        else:
-            decided = broker.decisions([parent]).get(parent, asked)
-        if decided is not asked:
-            raise TransactionConflictError(
-                f"transaction {whole_id} on {keys.topic_stream} belongs to transaction {parent} of several messages, "
-                f"which was decided {decided.value}; its messages follow that decision: run "
-                f"`txmq dead {decided.value.lower()} {whole_id}`",
-                topic=keys.topic,
-                transaction_id=whole_id,
-            )
+    group = entries.text(fields.get(entries.PRODUCER_GROUP)) or ""
     named = [(keys, whole_id)] + [found for found in dead_messages_of(client, parent) if found != (keys, whole_id)]
-    return parent, [DeadResolution(k, txid, broker.resolve_dead(k, txid, action, remark)) for k, txid in named]
+    if action is DeadAction.RECHECK:
+        resolved = [DeadResolution(k, txid, broker.resolve_dead(k, txid, action, remark)) for k, txid in named]
+        _unpin(broker, parent, group, [txid for _, txid in named])
+        return parent, resolved
+    asked = LocalTransactionState(action.value)
+    if group:
+        record = broker.decide(parent, group, asked, EndSource.OPERATOR)
+    else:
+        record = broker.decisions([parent])[parent]
+    decided = record.outcome or asked
+    if decided is not asked:
+        raise TransactionConflictError(
+            f"transaction {whole_id} on {keys.topic_stream} belongs to transaction {parent} of several messages, "
+            f"which was decided {decided.value}; its messages follow that decision: run "
+            f"`txmq dead {decided.value.lower()} {whole_id}`",
+            topic=keys.topic,
+            transaction_id=whole_id,
+        )
+    resolved = []
+    for k, txid in named:
+        outcome = record.outcome_of(txid) or decided
+        resolved.append(DeadResolution(k, txid, broker.resolve_dead(k, txid, DeadAction(outcome.value), remark)))
+    _unpin(broker, parent, group, [txid for _, txid in named])
+    return parent, resolved
+
+
+def resolve_dead_part(
+    broker: RedisBroker, keys: TopicKeys, transaction_id: str, producer_group: str, outcome: LocalTransactionState
+) -> EndResult:
+    """Resolve the dead letter of message ``transaction_id`` of a transaction of several messages with the outcome
+    its record gives, then release the record's hold for it."""
+    remark = "resolved by its transaction's record"
+    result = broker.resolve_dead(keys, transaction_id, DeadAction(outcome.value), remark)
+    _unpin(broker, transaction_id.rpartition(".")[0], producer_group, [transaction_id])
+    return result
+
+
+def _unpin(broker: RedisBroker, parent: str, producer_group: str, transaction_ids: list[str]) -> None:
+    """These messages of ``parent`` are no longer dead-lettered: its record may expire once none is."""
+    indices = [i for i in (message_index(parent, txid) for txid in transaction_ids) if i is not None]
+    if producer_group and indices:
+        broker.decide(parent, producer_group, RecordAction.UNPIN, EndSource.OPERATOR, indices)
 
 
 def resolve_dead(

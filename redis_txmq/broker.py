@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from . import protocol
@@ -26,7 +27,11 @@ from .protocol import (
     EndCall,
     EndResult,
     EndSource,
+    NotedRequests,
     PrepareResult,
+    RecordAction,
+    SentCheck,
+    TransactionRecord,
 )
 from .scripts import preload, register_script, register_topic_script
 
@@ -47,6 +52,7 @@ class RedisBroker:
         self._claim_checks = register_topic_script(client, "claim_checks")
         self._sweep_half = register_topic_script(client, "sweep_half")
         self._dead_resolve = register_topic_script(client, "dead_resolve")
+        self._bury_half = register_topic_script(client, "bury_half")
         self._note_requests = register_topic_script(client, "note_requests")
         self._decide = register_script(client, "decide_transaction")
         self._registered: set[str] = set()
@@ -67,6 +73,7 @@ class RedisBroker:
                 self._claim_checks,
                 self._sweep_half,
                 self._dead_resolve,
+                self._bury_half,
                 self._note_requests,
                 self._decide,
             )
@@ -148,29 +155,34 @@ class RedisBroker:
         return result
 
     def decide(
-        self, transaction_id: str, producer_group: str, outcome: LocalTransactionState, source: EndSource
-    ) -> tuple[LocalTransactionState, bool]:
-        """Write the decision of a transaction of several messages once (``lua/decide_transaction.lua``); returns
-        the decision that stands and whether this call made it."""
-        args = protocol.decide_args(transaction_id, producer_group, outcome, source, self.settings)
+        self,
+        transaction_id: str,
+        producer_group: str,
+        action: LocalTransactionState | RecordAction,
+        source: EndSource,
+        indices: Iterable[int] = (),
+    ) -> TransactionRecord:
+        """Write to the record of a transaction of several messages (``lua/decide_transaction.lua``): its decision,
+        written once (COMMIT / ROLLBACK, with the indices of the sends that did not return), or the sends that did
+        not return (VOID), or its dead-lettered messages (PIN / UNPIN); returns the record as it stands."""
+        args = protocol.decide_args(transaction_id, producer_group, action, source, self.settings, indices)
         try:
             reply = self.runner.run(self._decide, [decision_key(transaction_id)], args)
         except DurabilityError as exc:
-            protocol.decide_result(exc.replies[0], transaction_id)
+            protocol.record_result(exc.replies[0], transaction_id)
             raise
         except REDIS_ERRORS as exc:
             raise protocol.decide_call_error(exc, transaction_id) from exc
-        return protocol.decide_result(reply, transaction_id)
+        return protocol.record_result(reply, transaction_id)
 
-    def decisions(self, transaction_ids: list[str]) -> dict[str, LocalTransactionState]:
-        """The decisions written for these transactions of several messages (undecided ones are absent)."""
+    def decisions(self, transaction_ids: list[str]) -> dict[str, TransactionRecord]:
+        """The records of these transactions of several messages (an undecided one has ``outcome`` None)."""
         if not transaction_ids:
             return {}
         pipe = self.client.pipeline(transaction=False)
         for transaction_id in transaction_ids:
-            pipe.hget(decision_key(transaction_id), "outcome")
-        outcomes = pipe.execute()
-        return protocol.decided(transaction_ids, outcomes)
+            pipe.hmget(decision_key(transaction_id), "outcome", "voided")
+        return protocol.records_read(transaction_ids, pipe.execute())
 
     def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:
         """Apply many ends in one pipeline (a one-way producer's flusher, a checker's batch of answers); each
@@ -204,11 +216,11 @@ class RedisBroker:
         except REDIS_ERRORS as exc:
             logger.warning("could not delete %d answered check requests: %s", len(requests), exc)
 
-    def note_check_requests(self, keys: TopicKeys, sent: list[tuple[str, str]]) -> list[str]:
-        """Remember ``(transaction id, request id)`` of the check requests just sent (``lua/note_requests.lua``);
-        returns the ids of requests whose transaction ended meanwhile (the caller deletes them)."""
-        args = [value for pair in sent for value in pair]
-        reply = self._call(self._note_requests, keys, args, "note check requests")
+    def note_check_requests(self, keys: TopicKeys, sent: list[SentCheck]) -> NotedRequests:
+        """Remember the check requests just sent and give back the checks of the requests they replaced that no
+        producer instance read (``lua/note_requests.lua``); returns the ids of requests whose transaction ended
+        meanwhile (the caller deletes them) and how many checks were given back."""
+        reply = self._call(self._note_requests, keys, protocol.note_requests_args(sent), "note check requests")
         return protocol.note_requests_result(reply, keys)
 
     def resolve_dead(self, keys: TopicKeys, transaction_id: str, action: DeadAction, remark: str = "") -> EndResult:
@@ -221,6 +233,15 @@ class RedisBroker:
         """Claim up to ``limit`` transactions due for a check-back (``lua/claim_checks.lua``)."""
         reply = self._call(self._claim_checks, keys, protocol.claim_args(self.settings, limit), "claim checks")
         return protocol.claim_result(reply, keys)
+
+    def bury_half(self, keys: TopicKeys, transaction_id: str, half_id: str, reason: str, producer_group: str) -> str:
+        """Dead-letter one in-flight transaction (``lua/bury_half.lua``) if it still is half message ``half_id``;
+        returns the dead letter's id ('' when it was not)."""
+        reply = self._call(self._bury_half, keys, [transaction_id, half_id, reason], "dead-letter", transaction_id)
+        dead_id, request_id = protocol.bury_result(reply, keys)
+        if request_id:
+            self.drop_check_requests([(producer_group, request_id)])
+        return dead_id
 
     def sweep_half(self, keys: TopicKeys, cursor: str, count: int) -> tuple[str, list[tuple[str, str]]]:
         """Dead-letter half entries that no transaction owns; returns the next cursor ('0-0' at the end)."""

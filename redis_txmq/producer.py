@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -15,6 +16,7 @@ from .config import Settings
 from .connection import REDIS_ERRORS, instance_id, resolve_client
 from .errors import (
     InvalidMessageError,
+    PrepareError,
     ProducerStateError,
     TxMQConnectionError,
     TxMQError,
@@ -27,7 +29,7 @@ from .message import (
     validate_name,
 )
 from .oneway import EndFlusher
-from .protocol import EndSource
+from .protocol import EndSource, RecordAction, TransactionRecord
 from .sending import (
     CheckerListener,
     InFlight,
@@ -60,6 +62,9 @@ class TransactionProducer:
     for a background flusher that pipelines them (RocketMQ's ``endTransactionOneway``); :meth:`flush`
     waits until they are applied and :meth:`shutdown` flushes. An end lost with the process is resolved by
     the check-back, as any end that never arrived.
+
+    ``durability`` (``"master"``, ``"replica"`` or ``"aof"``) overrides ``settings.durability`` for this producer:
+    what a prepare and an end wait for before they count as done (:mod:`redis_txmq.durability`).
     """
 
     def __init__(
@@ -72,9 +77,12 @@ class TransactionProducer:
         client: Any = None,
         settings: Settings | None = None,
         oneway_end: bool = False,
+        durability: str | None = None,
     ) -> None:
         self.producer_group = validate_name(producer_group, "producer group")
         self.listener: TransactionListener = listener_of(producer_group, listener, checker)  # type: ignore[assignment]
+        if durability is not None:  # checked by Settings (a ConfigurationError names the levels) before connecting
+            settings = replace(settings if settings is not None else Settings.from_env(), durability=durability)
         self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings)
         self.broker = RedisBroker(self.client, self.settings)
         self.instance_id = instance_id("producer")
@@ -210,8 +218,10 @@ class TransactionProducer:
         if of is None:
             sent = new_send(self.producer_group, message, self.settings.max_message_size)
         else:
+            self._void_failed_sends(of, raise_error=True)
             sent = of.next_send(message, self.settings.max_message_size)
         trace = tracing.start_send(sent, self.producer_group)
+        keys = None
         try:
             try:
                 keys = self._router.keys_for(sent)
@@ -223,25 +233,69 @@ class TransactionProducer:
             in_flight = InFlight.of(prepared, keys, sent, self.producer_group, trace)
         except BaseException as exc:
             tracing.finish_send(trace, None, exc)
+            if of is None:
+                raise
+            of.send_failed(sent, keys)
+            record = self._void_failed_sends(of)
+            if isinstance(exc, Exception):
+                raise of.failed_send_error(sent, exc, record) from exc
             raise
         if of is not None:
             of.parts.append(in_flight)
         return in_flight
 
+    def _void_failed_sends(self, many: ManyState, raise_error: bool = False) -> TransactionRecord | None:
+        """Mark the sends of ``many`` that did not return in its record (they are never published), then roll back
+        the half messages they may have written. Returns the record, or None when it could not be written (then
+        ``raise_error`` raises: no further message may be sent before the failed ones are marked)."""
+        pending = set(many.unvoided)
+        if not pending:
+            return None
+        try:
+            record = self.broker.decide(
+                many.transaction_id, self.producer_group, RecordAction.VOID, EndSource.PRODUCER, pending
+            )
+        except TxMQError as exc:
+            logger.warning("tx=%s could not mark failed sends %s: %s", many.transaction_id, sorted(pending), exc)
+            if raise_error:
+                raise PrepareError(
+                    f"transaction {many.transaction_id}: an earlier send did not return and cannot be marked as "
+                    f"failed ({exc}); nothing was written: retry, or leave the block to roll the transaction back"
+                ) from exc
+            return None
+        many.voided(pending)
+        self._roll_back_failed_sends(many, pending)
+        return record
+
     def _end_many(
         self, many: ManyState, state: LocalTransactionState, remark: str | None
     ) -> list[TransactionSendResult]:
-        """Decide once, then end every half message with the decision in one pipeline. A decision that cannot be
-        written leaves every message in flight: the check-back asks about the transaction's id."""
+        """Decide once (with the sends that did not return, never published), then end every message with the
+        decision in one pipeline. A decision that cannot be written leaves every message in flight: the check-back
+        asks about the transaction's id."""
         ended: Any = None
         if many.decides(state):
             try:
-                decided, _ = self.broker.decide(many.transaction_id, self.producer_group, state, EndSource.PRODUCER)
-                state = many.standing(state, decided)
+                record = self.broker.decide(
+                    many.transaction_id, self.producer_group, state, EndSource.PRODUCER, many.failed
+                )
+                many.voided(set(many.failed))
+                state = many.standing(state, record)
                 ended = self.broker.end_transactions(many.end_calls(state, remark))
             except TxMQError as exc:
                 ended = exc
+            else:
+                self._roll_back_failed_sends(many, set(many.failed))
+        elif many.failed:
+            self._void_failed_sends(many)
         return many.finish(state, remark, ended)
+
+    def _roll_back_failed_sends(self, many: ManyState, indices: set[int]) -> None:
+        """Best effort: a half message left behind is rolled back by the checker (the record voids it)."""
+        try:
+            self.broker.end_transactions(many.rollback_calls(indices))
+        except TxMQError as exc:
+            logger.info("tx=%s failed sends %s left to the check-back: %s", many.transaction_id, sorted(indices), exc)
 
     def _end(self, tx: InFlight, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
         if tx.trace is None:

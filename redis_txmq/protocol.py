@@ -97,11 +97,24 @@ class DueCheck:
 
 
 @dataclass(frozen=True)
+class GivenUp:
+    """A message of a transaction of several that reached ``check_max`` or ``max_age``: ended with its transaction's
+    decision when there is one, else dead-lettered (its record pinned first)."""
+
+    transaction_id: str
+    half_id: str
+    reason: str
+    producer_group: str
+    parent_transaction_id: str
+
+
+@dataclass(frozen=True)
 class ClaimResult:
     to_check: list[DueCheck]
     dead_lettered: list[tuple[str, str]]
     abandoned_requests: list[tuple[str, str]] = field(default_factory=list)
     """``(producer group, request id)`` of the check requests of the dead-lettered transactions."""
+    given_up: list[GivenUp] = field(default_factory=list)
 
 
 class DeadAction(str, enum.Enum):
@@ -128,31 +141,72 @@ def prepare_args(
     return entries.prepare_args(message, transaction_id, producer_group, keys.partition, parent_transaction_id)
 
 
+class RecordAction(str, enum.Enum):
+    """What a call of ``lua/decide_transaction.lua`` does to the record of a transaction of several messages."""
+
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    VOID = "VOID"
+    """Sends that did not return: their messages are rolled back whatever the decision."""
+    PIN = "PIN"
+    """Messages the checker gives up on: the record outlives their dead letters."""
+    UNPIN = "UNPIN"
+    """Dead letters an operator resolved or re-checked."""
+    READ = "READ"
+
+
+@dataclass(frozen=True)
+class TransactionRecord:
+    """The record of a transaction of several messages (``txmq:decision:{X}``): the decision that stands (None while
+    undecided), the indices of the messages whose send did not return, and whether this call decided."""
+
+    transaction_id: str
+    outcome: LocalTransactionState | None
+    voided: frozenset[int] = frozenset()
+    decided_now: bool = False
+
+    def outcome_of(self, message_transaction_id: str) -> LocalTransactionState | None:
+        """What message ``<X>.<i>`` is ended with: ROLLBACK when its send did not return (whatever the decision),
+        else the decision (None while undecided)."""
+        index = message_index(self.transaction_id, message_transaction_id)
+        if index is not None and index in self.voided:
+            return LocalTransactionState.ROLLBACK
+        return self.outcome
+
+
+def message_index(transaction_id: str, message_transaction_id: str) -> int | None:
+    """``i`` of message ``<transaction_id>.<i>``; None for an id of another form."""
+    prefix, _, index = message_transaction_id.rpartition(".")
+    return int(index) if prefix == transaction_id and index.isdigit() else None
+
+
 def decide_args(
-    transaction_id: str, producer_group: str, outcome: Any, source: EndSource, settings: Settings
+    transaction_id: str,
+    producer_group: str,
+    action: Any,
+    source: EndSource,
+    settings: Settings,
+    indices: Any = (),
 ) -> list[Any]:
-    """ARGV of ``lua/decide_transaction.lua``: the decision is kept as long as one of its half messages may still
-    be in flight (``max_age``) and the dedupe window after that."""
-    return [transaction_id, producer_group, LocalTransactionState(outcome).value, source.value, settings.kept_ms]
+    """ARGV of ``lua/decide_transaction.lua``: the record is kept while a message of it is dead-lettered, else for
+    as long as one of its half messages may still be in flight (``max_age``) and the dedupe window after that."""
+    return [
+        transaction_id,
+        producer_group,
+        RecordAction(action.value if isinstance(action, LocalTransactionState) else action).value,
+        source.value,
+        settings.kept_ms,
+        " ".join(str(i) for i in sorted(indices)),
+    ]
 
 
 def decide_call_error(exc: Exception, transaction_id: str) -> TxMQConnectionError:
     return TxMQConnectionError(f"transaction {transaction_id}: the decision could not be written ({exc})")
 
 
-def decided(transaction_ids: list[str], outcomes: list[Any]) -> dict[str, LocalTransactionState]:
-    """The decisions read back (``HGET outcome`` of each decision), by transaction id; unknown values are skipped."""
-    found: dict[str, LocalTransactionState] = {}
-    for transaction_id, outcome in zip(transaction_ids, outcomes, strict=True):
-        name = entries.text(outcome)
-        if name in ("COMMIT", "ROLLBACK"):
-            found[transaction_id] = LocalTransactionState(name)
-    return found
-
-
-def decide_result(reply: Any, transaction_id: str) -> tuple[LocalTransactionState, bool]:
-    """The decision that stands (the first one) and whether this call made it."""
-    status, first, second = reply_strings(reply, 3)
+def record_result(reply: Any, transaction_id: str) -> TransactionRecord:
+    """The record as a call of ``lua/decide_transaction.lua`` left it."""
+    status, first, second, third = reply_strings(reply, 4)
     if status != "OK":
         where = f"transaction {transaction_id}"
         if first == "GROUP_MISMATCH":
@@ -160,7 +214,25 @@ def decide_result(reply: Any, transaction_id: str) -> tuple[LocalTransactionStat
                 f"{where}: {second}; decide it from a producer of that group", topic="", transaction_id=transaction_id
             )
         raise TxMQError(f"{where}: decision refused: {first} {second}")
-    return LocalTransactionState(first), second == "DECIDED"
+    return TransactionRecord(
+        transaction_id,
+        LocalTransactionState(first) if first else None,
+        frozenset(int(i) for i in second.split()),
+        third == "DECIDED",
+    )
+
+
+def records_read(transaction_ids: list[str], replies: list[Any]) -> dict[str, TransactionRecord]:
+    """The records read back (``HMGET outcome voided`` of each), by transaction id; absent ones are undecided."""
+    found: dict[str, TransactionRecord] = {}
+    for transaction_id, (outcome, voided) in zip(transaction_ids, replies, strict=True):
+        name = entries.text(outcome)
+        found[transaction_id] = TransactionRecord(
+            transaction_id,
+            LocalTransactionState(name) if name in ("COMMIT", "ROLLBACK") else None,
+            frozenset(int(i) for i in (entries.text(voided) or "").split() if i.isdigit()),
+        )
+    return found
 
 
 def prepare_call_error(exc: Exception, message: Message, transaction_id: str) -> PrepareError:
@@ -302,13 +374,46 @@ def claim_result(reply: Any, keys: TopicKeys) -> ClaimResult:
     ]
     dead = [(text(txid) or "", text(reason) or "") for txid, reason, _, _ in reply[2]]
     abandoned = [(text(group) or "", text(request) or "") for _, _, group, request in reply[2] if text(request)]
-    return ClaimResult(to_check, dead, [(g, r) for g, r in abandoned if g])
+    given_up = [GivenUp(*(text(value) or "" for value in item)) for item in (reply[3] if len(reply) > 3 else [])]
+    return ClaimResult(to_check, dead, [(g, r) for g, r in abandoned if g], given_up)
 
 
-def note_requests_result(reply: Any, keys: TopicKeys) -> list[str]:
+def bury_result(reply: Any, keys: TopicKeys) -> tuple[str, str]:
+    """``(dead letter id or '', check request id or '')`` of ``lua/bury_half.lua``."""
+    status, first, second = reply_strings(reply, 3)
+    if status != "OK":
+        raise TxMQError(f"topic {keys.topic!r}: bury_half refused: {first} {second}")
+    return first, second
+
+
+@dataclass(frozen=True)
+class SentCheck:
+    """A check request the checker just sent: ``request_id`` in its producer group's stream, and the request it
+    replaced if no producer instance ever read that one (``unread_request``, '' otherwise): its check is given back,
+    because ``check_max`` counts the checks that reached a producer, not those an outage swallowed."""
+
+    transaction_id: str
+    request_id: str
+    unread_request: str = ""
+
+
+@dataclass(frozen=True)
+class NotedRequests:
+    stale: list[str]
+    """Ids of requests whose transaction ended between its claim and the note: the caller deletes them."""
+    given_back: int
+    """Checks taken off the count because the request they sent was never read."""
+
+
+def note_requests_args(sent: list[SentCheck]) -> list[str]:
+    """ARGV of ``lua/note_requests.lua``."""
+    return [value for check in sent for value in (check.transaction_id, check.request_id, check.unread_request)]
+
+
+def note_requests_result(reply: Any, keys: TopicKeys) -> NotedRequests:
     if entries.text(reply[0]) != "OK":
         raise TxMQError(f"topic {keys.topic!r}: note_requests refused: {reply_strings(reply, 3)[1:]}")
-    return [entries.text(request_id) or "" for request_id in reply[1]]
+    return NotedRequests([entries.text(request_id) or "" for request_id in reply[1]], int(reply[2]))
 
 
 def sweep_result(reply: Any) -> tuple[str, list[tuple[str, str]]]:

@@ -12,7 +12,7 @@ from .errors import ConfigurationError, InvalidMessageError, PrepareError, TxMQE
 from .keys import TopicKeys
 from .listener import TransactionListener
 from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult, time_of_entry_id
-from .protocol import EndCall, EndResult, EndSource, PrepareResult
+from .protocol import EndCall, EndResult, EndSource, PrepareResult, TransactionRecord, message_index
 from .tracing import SendTrace
 
 logger = logging.getLogger(__name__)
@@ -174,6 +174,11 @@ class ManyState:
         self.transaction_id = new_transaction_id()
         """The id to store with the local transaction's data: a check-back asks about this id."""
         self.parts: list[InFlight] = []
+        self.failed: dict[int, TopicKeys | None] = {}
+        """Index -> topic keys (None when the send failed before choosing them) of every send that did not return:
+        its half message may exist, and it must never be published (``voided`` in the record)."""
+        self.unvoided: set[int] = set()
+        """Failed sends not yet marked in the record: the next send marks them first, the decision carries them."""
         self._sends = 0
         """Every send takes the next index, also one whose prepare failed: a half message it may have written (a
         durability shortfall) keeps its own id, and no later message is answered with it as a duplicate."""
@@ -198,6 +203,58 @@ class ManyState:
         sent = new_send(self.producer_group, message, max_message_size, f"{self.transaction_id}.{self._sends}")
         self._sends += 1
         return sent
+
+    def send_failed(self, message: Message, keys: TopicKeys | None) -> int:
+        """Note that the send of ``message`` did not return; returns its index."""
+        index = message_index(self.transaction_id, message.transaction_id or "")
+        assert index is not None
+        self.failed[index] = keys
+        self.unvoided.add(index)
+        return index
+
+    def voided(self, indices: set[int]) -> None:
+        """``indices`` were marked in the record (or it was decided already: they follow its decision then)."""
+        self.unvoided -= indices
+
+    def rollback_calls(self, indices: set[int]) -> list[EndCall]:
+        """Roll back the half messages the failed sends ``indices`` may have written (those whose topic is known)."""
+        return [
+            EndCall(
+                keys,
+                f"{self.transaction_id}.{index}",
+                self.producer_group,
+                LocalTransactionState.ROLLBACK,
+                EndSource.PRODUCER,
+                "its send did not return",
+            )
+            for index, keys in sorted(self.failed.items())
+            if index in indices and keys is not None
+        ]
+
+    def failed_send_error(self, message: Message, exc: BaseException, record: TransactionRecord | None) -> PrepareError:
+        """What a send that raised tells its caller: whether the half message may exist, and what happens to it."""
+        where = f"topic {message.topic!r}, transaction {message.transaction_id}"
+        cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if (
+            record is not None
+            and record.outcome is not None
+            and record.outcome_of(message.transaction_id or "") is (LocalTransactionState.COMMIT)
+        ):
+            return PrepareError(
+                f"{where}: the send failed ({cause}), but transaction {self.transaction_id} was already decided "
+                "COMMIT (by a check-back): if its half message was written, it is published with the transaction"
+            )
+        if record is None:
+            return PrepareError(
+                f"{where}: the send failed ({cause}); its half message may have been written and could not be "
+                "marked as failed yet: the next send or the end of the transaction marks it, and it is never "
+                "published then. If this process dies first, the check-back may publish it with the transaction. "
+                "Sending the message again adds it as a new message of the transaction"
+            )
+        return PrepareError(
+            f"{where}: the send failed ({cause}); its half message, if written, is rolled back whatever the "
+            "transaction decides. Sending the message again adds it as a new message, published once"
+        )
 
     def listener_message(self) -> Message:
         """What the listener's ``execute_local_transaction`` receives: the first message, with the transaction's
@@ -237,8 +294,9 @@ class ManyState:
         """Whether ending with ``state`` writes a decision: UNKNOWN (or no message) leaves it to the check-back."""
         return state is not LocalTransactionState.UNKNOWN and bool(self.parts)
 
-    def standing(self, asked: LocalTransactionState, decided: LocalTransactionState) -> LocalTransactionState:
+    def standing(self, asked: LocalTransactionState, record: TransactionRecord) -> LocalTransactionState:
         """The decision the messages are ended with: the one that stands, logged when a check-back made another."""
+        decided = record.outcome or asked
         if decided is not asked:
             logger.warning(
                 "tx=%s asked to %s, but the transaction was already decided %s (by a check-back); that decision stands",
@@ -247,6 +305,27 @@ class ManyState:
                 decided.value,
             )
         return decided
+
+
+class ManyHandleState:
+    """The part of a handle of a transaction of several messages that is not I/O (the sync and asyncio handles)."""
+
+    def __init__(self, producer_group: str, max_messages: int) -> None:
+        self.state = ManyState(producer_group, max_messages)
+
+    @property
+    def transaction_id(self) -> str:
+        """The id to store with the local transaction's data, so that a check-back can find it."""
+        return self.state.transaction_id
+
+    @property
+    def results(self) -> list[TransactionSendResult]:
+        """One send result per message, in order (empty before the end)."""
+        return self.state.results or []
+
+    @property
+    def ended(self) -> bool:
+        return self.state.ended
 
 
 class CheckerListener(TransactionListener):

@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from .message import LocalTransactionState, Message, TransactionSendResult
-from .sending import HandleState, ManyState, outcome_of_block
+from .sending import HandleState, ManyHandleState, outcome_of_block
 
 if TYPE_CHECKING:
     from .producer import TransactionProducer
@@ -51,25 +51,16 @@ class Transaction(HandleState):
         return self.result
 
 
-class TransactionOfMany:
+class TransactionOfMany(ManyHandleState):
     """A transaction of several messages of a sync producer (``producer.transaction()`` without a message).
     Entering the block writes nothing; each :meth:`send` writes one half message (:class:`PrepareError` if it
-    cannot; the block decides what then). Leaving the block decides as :class:`Transaction` does, writes the
-    decision once and ends every message with it; :attr:`results` holds one send result per message."""
+    cannot: that message is never published, whatever the transaction decides; the block decides what then).
+    Leaving the block decides as :class:`Transaction` does, writes the decision once and ends every message with
+    it; :attr:`results` holds one send result per message whose send returned."""
 
     def __init__(self, producer: TransactionProducer) -> None:
+        super().__init__(producer.producer_group, producer.settings.max_transaction_messages)
         self._producer = producer
-        self.state = ManyState(producer.producer_group, producer.settings.max_transaction_messages)
-
-    @property
-    def transaction_id(self) -> str:
-        """The id to store with the local transaction's data, so that a check-back can find it."""
-        return self.state.transaction_id
-
-    @property
-    def results(self) -> list[TransactionSendResult]:
-        """One send result per message, in order (empty before the end)."""
-        return self.state.results or []
 
     def __enter__(self) -> TransactionOfMany:
         return self

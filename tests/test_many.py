@@ -24,7 +24,7 @@ from redis_txmq.admin import resolve_dead_transaction
 from redis_txmq.cli import main
 from redis_txmq.errors import TransactionConflictError
 from redis_txmq.keys import decision_key, topic_keys_of_stream
-from redis_txmq.protocol import DeadAction
+from redis_txmq.protocol import DeadAction, EndSource
 
 from .helpers import ScriptedListener, wait_until
 
@@ -231,3 +231,153 @@ def test_asyncio_the_messages_of_a_block_become_visible_together(real_client, re
     assert bodies(real_client, "orders") == [b"order 1", b"3"]
     assert sorted(bodies(real_client, "audit#0") + bodies(real_client, "audit#1")) == [b"4", b"audit a"]
     assert in_flight(real_client, *STREAMS) == 0
+
+
+def lose_the_reply_of(broker, body: bytes):
+    """The prepare of the message ``body`` runs on Redis, then its reply is lost (a durability shortfall, a dropped
+    connection): the send raises although its half message exists."""
+    prepare = broker.prepare_half
+
+    def prepare_half(keys, message, *args, **kwargs):
+        result = prepare(keys, message, *args, **kwargs)
+        if message.body == body:
+            raise PrepareError(f"topic {keys.topic!r}: the reply was lost")
+        return result
+
+    broker.prepare_half = prepare_half
+
+
+def test_a_send_that_raised_is_never_published_and_its_retry_is_published_once(client):
+    """Defect: the checker ended every half message of the transaction with the decision, so a send that raised
+    (its half message written) was published on COMMIT, and its retry a second time."""
+    with TransactionProducer("order_group", ScriptedListener(), client=client, settings=FAST_CHECKS) as producer:
+        lose_the_reply_of(producer.broker, b"invoice")
+        with producer.transaction() as tx:
+            tx.send(Message("orders", b"order 1"))
+            with pytest.raises(PrepareError, match="rolled back whatever the transaction decides") as raised:
+                tx.send(Message("orders", b"invoice"))
+            assert "published once" in str(raised.value)
+            producer.broker.prepare_half = type(producer.broker).prepare_half.__get__(producer.broker)
+            tx.send(Message("orders", b"invoice"))  # the retry the error advises
+        assert [r.local_transaction_state for r in tx.results] == [COMMIT, COMMIT]
+        checker = Checker(client, FAST_CHECKS)
+        wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
+    assert sorted(bodies(client, "orders")) == [b"invoice", b"order 1"]
+    ids = [f[b"transaction_id"].decode() for _, f in client.xrange("orders")]
+    assert ids == [f"{tx.transaction_id}.0", f"{tx.transaction_id}.2"], "the failed send's index is not published"
+
+
+def test_a_send_that_raised_stays_unpublished_when_the_check_back_decides(client):
+    """The same, with the producer gone before its block ended: the check-back answers COMMIT for the transaction;
+    the message whose send raised is rolled back, its retry published once."""
+    listener = ScriptedListener(check_answer=COMMIT)
+    with TransactionProducer("order_group", listener, client=client, settings=FAST_CHECKS) as producer:
+        lose_the_reply_of(producer.broker, b"invoice")
+        tx = producer.transaction()
+        with tx:
+            tx.send(Message("orders", b"order 1"))
+            with pytest.raises(PrepareError):
+                tx.send(Message("orders", b"invoice"))
+            producer.broker.prepare_half = type(producer.broker).prepare_half.__get__(producer.broker)
+            tx.send(Message("orders", b"invoice"))
+            tx.state.results = []  # the process is gone before its block ends: nothing decided, nothing ended
+        assert in_flight(client, "orders") == 2, "the failed send's half message was rolled back right away"
+        checker = Checker(client, FAST_CHECKS)
+        wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
+    assert sorted(bodies(client, "orders")) == [b"invoice", b"order 1"]
+
+
+def test_a_failed_send_that_could_not_be_marked_is_rolled_back_by_the_checker(client):
+    """The send raised and Redis could not be reached to mark it: the next send refuses until it can, the decision
+    carries the mark, and the checker rolls that half message back whatever the decision (COMMIT here)."""
+    with TransactionProducer("order_group", ScriptedListener(), client=client, settings=FAST_CHECKS) as producer:
+        lose_the_reply_of(producer.broker, b"invoice")
+        decide = producer.broker.decide
+
+        def unreachable(*args, **kwargs):
+            raise TxMQConnectionError("Redis unreachable")
+
+        producer.broker.decide = unreachable
+        with producer.transaction() as tx:
+            tx.send(Message("orders", b"order 1"))
+            with pytest.raises(PrepareError, match="could not be marked as failed yet"):
+                tx.send(Message("orders", b"invoice"))
+            with pytest.raises(PrepareError, match="cannot be marked as failed"):
+                tx.send(Message("orders", b"other"))
+            producer.broker.decide = decide
+            producer.broker.end_transactions = unreachable  # the ends are lost: the checker ends both
+        assert client.hget(decision_key(tx.transaction_id), "voided") == b" 1 "
+        assert in_flight(client, "orders") == 2
+        checker = Checker(client, FAST_CHECKS)
+        wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
+    assert bodies(client, "orders") == [b"order 1"]
+
+
+def test_asyncio_a_send_cancelled_after_its_half_was_written_is_never_published(real_client, redis_url):
+    from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+
+    async def main():
+        async with AsyncTransactionProducer(
+            "order_group", ScriptedListener(), redis_url=redis_url, settings=FAST_CHECKS
+        ) as producer:
+            prepare = producer.broker.prepare_half
+
+            async def prepare_half(keys, message, *args, **kwargs):
+                result = await prepare(keys, message, *args, **kwargs)
+                if message.body == b"invoice":
+                    await asyncio.sleep(30)  # the reply is late: the caller's timeout cancels the send
+                return result
+
+            producer.broker.prepare_half = prepare_half
+            async with producer.transaction() as tx:
+                await tx.send(Message("orders", b"order 1"))
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(tx.send(Message("orders", b"invoice")), 0.2)
+            return tx
+
+    tx = asyncio.run(main())
+    assert [r.local_transaction_state for r in tx.results] == [COMMIT]
+    checker = Checker(real_client, FAST_CHECKS)
+    wait_until(lambda: checker.run_round() is not None and in_flight(real_client, "orders") == 0)
+    assert bodies(real_client, "orders") == [b"order 1"]
+
+
+def test_the_record_outlives_the_dead_letters_of_its_transaction(real_client, redis_url):
+    """Defect: the decision expired after max_age + the dedupe window while a message of its transaction stayed
+    dead-lettered, and `txmq dead rollback` then decided the other way of what was published."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=2)
+    listener = ScriptedListener(check_answer=UNKNOWN)
+    with TransactionProducer("order_group", listener, client=real_client, settings=settings) as producer:
+        late = Message("invoices", b"b", check_immunity_seconds=1.0)  # checked first once the other one is dead
+        results = producer.send_messages_in_transaction([Message("orders", b"a"), late], UNKNOWN)
+        ids = [result.transaction_id for result in results]
+        parent = ids[0].rpartition(".")[0]
+        checker = Checker(real_client, settings)
+        wait_until(lambda: checker.run_round() is not None and dead_letters(real_client, "orders") == 1)
+        listener.check_answer = COMMIT
+        wait_until(lambda: checker.run_round() is not None and bodies(real_client, "invoices") == [b"b"])
+    assert real_client.hget(decision_key(parent), "outcome") == b"COMMIT"
+    assert real_client.pttl(decision_key(parent)) == -1, "kept while a message of it is dead-lettered"
+    if real_client.pttl(decision_key(parent)) > 0:
+        real_client.delete(decision_key(parent))  # what its expiry would do
+    cli = CliRunner().invoke(main, ["dead", "rollback", ids[0], "--redis-url", redis_url])
+    assert cli.exit_code != 0 and "decided COMMIT" in " ".join(cli.output.split()), cli.output
+    cli = CliRunner().invoke(main, ["dead", "commit", ids[0], "--redis-url", redis_url])
+    assert cli.exit_code == 0, cli.output
+    assert bodies(real_client, "orders") == [b"a"]
+    assert real_client.pttl(decision_key(parent)) > 0, "no dead letter left: the record expires"
+
+
+def test_a_message_of_a_decided_transaction_is_ended_with_the_decision_not_dead_lettered(client):
+    """Defect: a message whose checks ran out before its producer's decision was dead-lettered without reading it."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1)
+    with TransactionProducer("order_group", ScriptedListener(), client=client, settings=settings) as producer:
+        tx = producer.transaction()
+        with tx:
+            tx.send(Message("orders", b"order 1"))
+            tx.state.results = []  # the decision is late
+        checker = Checker(client, settings)
+        wait_until(lambda: checker.run_round().checks_sent == 1)  # the one check allowed, unanswered
+        producer.broker.decide(tx.transaction_id, "order_group", COMMIT, EndSource.PRODUCER)  # its ends never came
+        wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
+    assert bodies(client, "orders") == [b"order 1"] and dead_letters(client, "orders") == 0

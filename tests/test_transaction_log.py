@@ -233,3 +233,19 @@ def test_asyncio_handles_with_the_log(database: Database, real_client: Any, redi
         assert len(real_client.xrange(KEYS.topic_stream)) == 2
 
     asyncio.run(scenario())
+
+
+def test_a_transaction_of_several_messages_open_in_this_process_is_not_fenced(
+    database: Database, real_client: Any, redis_url: str
+) -> None:
+    """Defect: record() refused the handle of a transaction of several messages, so a check-back of a slow one
+    fenced it (ROLLBACK) while its block was still running."""
+    with TransactionProducer("order_group", checker=database.log.checker(database.engine), redis_url=redis_url) as p:
+        with p.transaction() as tx, database.engine.begin() as db:
+            db.execute(database.log.record(tx))
+            tx.send(Message("orders", b"1"))
+            tx.send(Message("invoices", b"2"))
+            slow = a_check(tx.transaction_id, age=3600)  # older than local_transaction_max_seconds
+            assert database.log.check(database.engine, slow) is UNKNOWN, "its block is open here"
+    assert state_of(database, tx.transaction_id) == "COMMIT"
+    assert [r.local_transaction_state for r in tx.results] == [COMMIT, COMMIT]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -20,7 +21,7 @@ from ..durability import check_server
 from ..errors import DurabilityError, TxMQConnectionError, TxMQError
 from ..keys import TOPIC_REGISTRY, TopicKeys, decision_key
 from ..message import LocalTransactionState, Message
-from ..protocol import EndCall, EndResult, EndSource, PrepareResult
+from ..protocol import EndCall, EndResult, EndSource, PrepareResult, RecordAction, TransactionRecord
 from ..scripts import register_script, register_topic_script
 from .lane import ScriptLane
 from .scripts import preload
@@ -163,18 +164,23 @@ class AsyncRedisBroker:
         return result
 
     async def decide(
-        self, transaction_id: str, producer_group: str, outcome: LocalTransactionState, source: EndSource
-    ) -> tuple[LocalTransactionState, bool]:
-        """Write the decision of a transaction of several messages once (see the sync broker)."""
-        args = protocol.decide_args(transaction_id, producer_group, outcome, source, self.settings)
+        self,
+        transaction_id: str,
+        producer_group: str,
+        action: LocalTransactionState | RecordAction,
+        source: EndSource,
+        indices: Iterable[int] = (),
+    ) -> TransactionRecord:
+        """Write to the record of a transaction of several messages (see the sync broker)."""
+        args = protocol.decide_args(transaction_id, producer_group, action, source, self.settings, indices)
         try:
             reply = await self._run_keys(self._decide, [decision_key(transaction_id)], args)
         except DurabilityError as exc:
-            protocol.decide_result(exc.replies[0], transaction_id)
+            protocol.record_result(exc.replies[0], transaction_id)
             raise
         except REDIS_ERRORS as exc:
             raise protocol.decide_call_error(exc, transaction_id) from exc
-        return protocol.decide_result(reply, transaction_id)
+        return protocol.record_result(reply, transaction_id)
 
     async def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:
         """Apply many ends in one pipeline (each script still atomic); on a cluster, whose pipelines refuse

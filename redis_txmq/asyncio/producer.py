@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -19,15 +20,16 @@ from .. import tracing
 from ..check_handler import Registrations
 from ..config import Settings
 from ..connection import REDIS_ERRORS, instance_id, resolve_client
-from ..errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
+from ..errors import InvalidMessageError, PrepareError, ProducerStateError, TxMQConnectionError, TxMQError
 from ..keys import topic_meta_key
 from ..listener import TransactionListener as SyncTransactionListener
 from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
-from ..protocol import EndCall, EndSource
+from ..protocol import EndCall, EndSource, RecordAction, TransactionRecord
 from ..sending import (
     CheckerListener,
     HandleState,
     InFlight,
+    ManyHandleState,
     ManyState,
     listener_of,
     new_send,
@@ -52,6 +54,8 @@ class TransactionProducer:
     methods run in a thread), or only ``checker=`` for a producer used through :meth:`transaction` handles. Pass
     ``redis_url`` or ``client`` (a ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster`` with
     ``decode_responses=False``). ``oneway_end=True`` queues end calls for a background task (:meth:`flush`).
+    ``durability`` (``"master"``, ``"replica"`` or ``"aof"``) overrides ``settings.durability`` for this producer
+    (:mod:`redis_txmq.durability`).
     """
 
     def __init__(
@@ -64,11 +68,14 @@ class TransactionProducer:
         client: Any = None,
         settings: Settings | None = None,
         oneway_end: bool = False,
+        durability: str | None = None,
     ) -> None:
         self.producer_group = validate_name(producer_group, "producer group")
         self.listener: Any = listener_of(
             producer_group, listener, checker, (TransactionListener, SyncTransactionListener)
         )
+        if durability is not None:  # checked by Settings (a ConfigurationError names the levels) before connecting
+            settings = replace(settings if settings is not None else Settings.from_env(), durability=durability)
         self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings, asyncio=True)
         self.broker = AsyncRedisBroker(self.client, self.settings)
         self.instance_id = instance_id("producer")
@@ -178,8 +185,10 @@ class TransactionProducer:
         if of is None:
             sent = new_send(self.producer_group, message, self.settings.max_message_size)
         else:
+            await self._void_failed_sends(of, raise_error=True)
             sent = of.next_send(message, self.settings.max_message_size)
         trace = tracing.start_send(sent, self.producer_group)
+        keys = None
         try:
             partitions = self._router.known(sent.topic)
             if partitions is None:
@@ -195,10 +204,51 @@ class TransactionProducer:
             in_flight = InFlight.of(prepared, keys, sent, self.producer_group, trace)
         except BaseException as exc:
             tracing.finish_send(trace, None, exc)
-            raise
+            if of is None:
+                raise
+            of.send_failed(sent, keys)
+            if not isinstance(exc, Exception):  # cancelled: mark it in the background (shutdown() waits for it)
+                self._in_background(self._void_failed_sends(of))
+                raise
+            raise of.failed_send_error(sent, exc, await self._void_failed_sends(of)) from exc
         if of is not None:
             of.parts.append(in_flight)
         return in_flight
+
+    def _in_background(self, work: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(work)
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+        return task
+
+    async def _void_failed_sends(self, many: ManyState, raise_error: bool = False) -> TransactionRecord | None:
+        """Mark the sends that did not return in the record, then roll back their half messages (see the sync
+        producer); None when the record could not be written."""
+        pending = set(many.unvoided)
+        if not pending:
+            return None
+        try:
+            record = await self.broker.decide(
+                many.transaction_id, self.producer_group, RecordAction.VOID, EndSource.PRODUCER, pending
+            )
+        except TxMQError as exc:
+            logger.warning("tx=%s could not mark failed sends %s: %s", many.transaction_id, sorted(pending), exc)
+            if raise_error:
+                raise PrepareError(
+                    f"transaction {many.transaction_id}: an earlier send did not return and cannot be marked as "
+                    f"failed ({exc}); nothing was written: retry, or leave the block to roll the transaction back"
+                ) from exc
+            return None
+        many.voided(pending)
+        await self._roll_back_failed_sends(many, pending)
+        return record
+
+    async def _roll_back_failed_sends(self, many: ManyState, indices: set[int]) -> None:
+        """Best effort: a half message left behind is rolled back by the checker (the record voids it)."""
+        try:
+            await self.broker.end_transactions(many.rollback_calls(indices))
+        except TxMQError as exc:
+            logger.info("tx=%s failed sends %s left to the check-back: %s", many.transaction_id, sorted(indices), exc)
 
     async def _end_many(
         self, many: ManyState, state: LocalTransactionState, remark: str | None
@@ -211,14 +261,22 @@ class TransactionProducer:
                 state, ended = await asyncio.shield(self._decide_and_end(many, state, remark))
             except TxMQError as exc:
                 ended = exc
+        elif many.failed:
+            await asyncio.shield(self._void_failed_sends(many))
         return many.finish(state, remark, ended)
 
     async def _decide_and_end(
         self, many: ManyState, state: LocalTransactionState, remark: str | None
     ) -> tuple[LocalTransactionState, list[Any]]:
-        decided, _ = await self.broker.decide(many.transaction_id, self.producer_group, state, EndSource.PRODUCER)
-        state = many.standing(state, decided)
-        return state, await self.broker.end_transactions(many.end_calls(state, remark))
+        record = await self.broker.decide(
+            many.transaction_id, self.producer_group, state, EndSource.PRODUCER, many.failed
+        )
+        many.voided(set(many.failed))
+        state = many.standing(state, record)
+        ended = await self.broker.end_transactions(many.end_calls(state, remark))
+        if many.failed:
+            await self._roll_back_failed_sends(many, set(many.failed))
+        return state, ended
 
     async def _end(
         self,
@@ -253,9 +311,7 @@ class TransactionProducer:
             except TxMQError as exc:
                 return tx.result(state, remark, end_error=tx.end_failed(state, exc))
             return tx.result(state, remark, end_queued=True)
-        ending = asyncio.ensure_future(self._apply(end))
-        self._ending.add(ending)
-        ending.add_done_callback(self._ending.discard)
+        ending = self._in_background(self._apply(end))
         try:
             committed_id = await asyncio.shield(ending)
         except TxMQError as exc:
@@ -328,23 +384,13 @@ class AsyncTransaction(HandleState):
         return self.result
 
 
-class AsyncTransactionOfMany:
+class AsyncTransactionOfMany(ManyHandleState):
     """A transaction of several messages of the asyncio producer (see
     :class:`redis_txmq.transaction.TransactionOfMany`); cancelled, it stays in flight for the check-back."""
 
     def __init__(self, producer: TransactionProducer) -> None:
+        super().__init__(producer.producer_group, producer.settings.max_transaction_messages)
         self._producer = producer
-        self.state = ManyState(producer.producer_group, producer.settings.max_transaction_messages)
-
-    @property
-    def transaction_id(self) -> str:
-        """The id to store with the local transaction's data, so that a check-back can find it."""
-        return self.state.transaction_id
-
-    @property
-    def results(self) -> list[TransactionSendResult]:
-        """One send result per message, in order (empty before the end)."""
-        return self.state.results or []
 
     async def __aenter__(self) -> AsyncTransactionOfMany:
         return self

@@ -39,7 +39,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..errors import ConfigurationError
 from ..message import LocalTransactionState, Message
-from ..sending import HandleState
+from ..sending import HandleState, ManyHandleState
 from .statements import dialect_of, insert_if_absent, lock_timeout_statement, table_in, utc_now
 
 logger = logging.getLogger(__name__)
@@ -82,17 +82,22 @@ class TransactionLog:
             Column("state", String(8), nullable=False),
             Column("recorded_at", DateTime(timezone=True), nullable=False, default=utc_now, index=True),
         )
-        self._handles: weakref.WeakValueDictionary[str, HandleState] = weakref.WeakValueDictionary()
+        self._handles: weakref.WeakValueDictionary[str, HandleState | ManyHandleState] = weakref.WeakValueDictionary()
 
-    def record(self, transaction: HandleState | Message | str, *, topic: str | None = None) -> Insert:
+    def record(self, transaction: HandleState | ManyHandleState | Message | str, *, topic: str | None = None) -> Insert:
         """The INSERT that marks the local transaction committed: execute it in that transaction, early
         (``session.execute(log.record(tx))``, ``await session.execute(...)`` on asyncio).
 
-        ``transaction`` is a transaction handle (``tx``), the message a listener received, or a transaction id.
+        ``transaction`` is a transaction handle (``tx``, of one message or of several), the message a listener
+        received, or a transaction id. A handle is remembered while its block is open: a check-back meanwhile
+        answers UNKNOWN instead of fencing a slow local transaction.
         Executing it raises the database's unique-constraint error when a check already fenced the transaction
         (it was taken for rolled back): the local transaction must then roll back, as the handle does."""
         if isinstance(transaction, HandleState):
             transaction_id, topic = transaction.transaction_id, topic or transaction.message.topic
+            self._handles[transaction_id] = transaction
+        elif isinstance(transaction, ManyHandleState):
+            transaction_id = transaction.transaction_id
             self._handles[transaction_id] = transaction
         elif isinstance(transaction, Message):
             if not transaction.transaction_id:

@@ -131,8 +131,8 @@ def kill_after_decision(producer: Any, flag: Path, seed: int) -> None:
     broker, rng = producer.broker, random.Random(seed)
     decide, end_transactions = broker.decide, broker.end_transactions
 
-    def arm(decided: Any) -> Any:
-        if flag.exists():
+    def arm(decided: Any, action: Any) -> Any:
+        if flag.exists() and isinstance(action, LocalTransactionState):  # a decision, not a failed send's mark
             _armed.set(True)
         return decided
 
@@ -148,7 +148,7 @@ def kill_after_decision(producer: Any, flag: Path, seed: int) -> None:
     if inspect.iscoroutinefunction(decide):
 
         async def decide_async(*args: Any, **kwargs: Any) -> Any:
-            return arm(await decide(*args, **kwargs))
+            return arm(await decide(*args, **kwargs), args[2])
 
         async def end_transactions_async(ends: list[Any]) -> Any:
             if not _armed.get():
@@ -161,7 +161,7 @@ def kill_after_decision(producer: Any, flag: Path, seed: int) -> None:
     else:
 
         def decide_sync(*args: Any, **kwargs: Any) -> Any:
-            return arm(decide(*args, **kwargs))
+            return arm(decide(*args, **kwargs), args[2])
 
         def end_transactions_sync(ends: list[Any]) -> Any:
             if not _armed.get():
