@@ -351,6 +351,7 @@ class Checker:
                 acked, deleted = next(retired), next(retired)
                 if deleted and not acked:
                     unread.add(check.transaction_id)
+        counted = {check.transaction_id: check.check_times - (check.transaction_id in unread) for check in due}
         requested_ms = str(int(time.time() * 1000)).encode()
         pipe = self.client.pipeline(transaction=False)
         for check in due:
@@ -359,7 +360,7 @@ class Checker:
                 {
                     entries.STREAM: keys.topic_stream.encode(),
                     entries.HALF_ID: check.half_id.encode(),
-                    entries.CHECK_TIMES: str(check.check_times - (check.transaction_id in unread)).encode(),
+                    entries.CHECK_TIMES: str(counted[check.transaction_id]).encode(),
                     entries.REQUESTED_MS: requested_ms,
                 }
             )
@@ -377,9 +378,9 @@ class Checker:
                 "tx=%s topic=%s check %d sent to group %s%s",
                 check.transaction_id,
                 keys.topic,
-                check.check_times,
+                counted[check.transaction_id],
                 check.producer_group,
-                "; the last one was never read: not counted" if check.transaction_id in unread else "",
+                "; the last one was never read: it does not count" if check.transaction_id in unread else "",
             )
             self.metrics.checks_sent.labels(check.producer_group).inc()
         stale = set(self.broker.note_check_requests(keys, sent).stale)

@@ -2,20 +2,38 @@
 -- one pending request and the request is deleted when the transaction ends or is dead-lettered (claim_checks and
 -- end_transaction return its id). A transaction that ended between its claim and this call keeps no index entry:
 -- its request id comes back as stale and the caller deletes that request.
--- KEYS: the topic keys of topic_keys.lua (uses inflight, requests).
--- ARGV: pairs of transaction_id, request_id (entry id in the producer group's check-request stream)
--- Reply: {'OK', {stale_request_id, ...}} or {'ERR', 'BADARG', detail}.
+-- check_max counts checks that reached a producer: claim_checks counts each check when it is claimed, and the
+-- request it replaces, if no producer instance ever read it (the caller saw it still in the stream and in no
+-- consumer's pending list when it deleted it), is given back here: its check is taken off the count, never below 0.
+-- Given back only while that request is still the one noted for the transaction, so a call repeated after a lost
+-- reply gives nothing back twice.
+-- KEYS: the topic keys of topic_keys.lua (uses inflight, checks, requests).
+-- ARGV: triples of transaction_id, request_id (entry id in the producer group's check-request stream),
+--       unread_request_id (the request this one replaced, if nobody read it; '' otherwise)
+-- Reply: {'OK', {stale_request_id, ...}, given_back} or {'ERR', 'BADARG', detail}.
 
-if #ARGV % 2 ~= 0 then
-  return fail('BADARG', 'need pairs of transaction_id, request_id')
+if #ARGV % 3 ~= 0 then
+  return fail('BADARG', 'need triples of transaction_id, request_id, unread_request_id')
+end
+for i = 1, #ARGV, 3 do
+  if ARGV[i] == '' or ARGV[i + 1] == '' then
+    return fail('BADARG', 'need a transaction_id and a request_id in every triple')
+  end
 end
 local stale = {}
-for i = 1, #ARGV, 2 do
-  local txid, request_id = ARGV[i], ARGV[i + 1]
+local given_back = 0
+for i = 1, #ARGV, 3 do
+  local txid, request_id, unread = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if redis.call('HEXISTS', inflight, txid) == 1 then
+    if unread ~= '' and redis.call('HGET', requests, txid) == unread then
+      if (tonumber(redis.call('HGET', checks, txid) or '0') or 0) > 0 then
+        redis.call('HINCRBY', checks, txid, -1)
+        given_back = given_back + 1
+      end
+    end
     redis.call('HSET', requests, txid, request_id)
   else
     stale[#stale + 1] = request_id
   end
 end
-return {'OK', stale}
+return {'OK', stale, given_back}

@@ -320,7 +320,7 @@ def demo(redis_url: str | None, spark: bool) -> None:
     type=int,
     envvar="TXMQ_CHECK_MAX",
     show_envvar=True,
-    help="Checks before a transaction is dead-lettered (default 15).",
+    help="Checks that reached a producer before a transaction is dead-lettered (default 15).",
 )
 @click.option(
     "--max-age",

@@ -26,11 +26,12 @@ class Settings:
     a transaction whose half message is gone can no longer be committed.
 
     Check-back (RocketMQ's defaults): a half message is first checked ``transaction_timeout`` seconds after it was
-    born (or after its own ``check_immunity_seconds``), then every ``check_interval``; after ``check_max`` checks or
-    ``max_age`` seconds it is dead-lettered. A producer answers checks on ``check_threads`` workers with at most
-    ``check_queue_size`` requests in hand; instances heartbeat every ``heartbeat_interval`` and count as live for
-    three of them. Work read by an instance that died (a producer's check requests, a checker's replies) is taken
-    over by a live one once idle for ``claim_idle`` seconds.
+    born (or after its own ``check_immunity_seconds``), then every ``check_interval``; after ``check_max`` checks
+    that a producer read (a request no instance read is given back) or ``max_age`` seconds it is dead-lettered. A
+    producer answers checks on ``check_threads`` workers with at most ``check_queue_size`` requests in hand;
+    instances heartbeat every ``heartbeat_interval`` and count as live for three of them. Work read by an instance
+    that died (a producer's check requests, a checker's replies) is taken over by a live one once idle for
+    ``claim_idle`` seconds.
 
     One-way end (``TransactionProducer(oneway_end=True)``): a background flusher sends queued end calls in
     pipelines of at most ``end_batch_size``, waiting at most ``end_batch_delay`` seconds to fill one; a send
@@ -38,6 +39,11 @@ class Settings:
 
     A transaction of several messages (``tx.send``, ``send_messages_in_transaction``) holds at most
     ``max_transaction_messages`` of them.
+
+    A write job (the Spark writer, :mod:`redis_txmq.jobs`) is its driver's while its lease holds: the task attempts
+    that write for it renew it as they run, and the checker settles an undecided job only once ``job_lease`` seconds
+    passed without a renewal (its driver died). It must outlast the longest time a job runs no writing task (the
+    gap between its tasks and the driver's commit, a wait for executors); independent of ``max_age``.
 
     Durability (:mod:`redis_txmq.durability`): ``master`` acknowledges a prepare or an end once the master applied
     it; ``replica`` once ``durability_replicas`` replicas have it; ``aof`` once the master fsynced it to its
@@ -64,9 +70,10 @@ class Settings:
     durability_replicas: int = 1
     durability_timeout: float = 1.0
     max_transaction_messages: int = 1000
+    job_lease: float = 300.0
 
     def __post_init__(self) -> None:
-        positive = ("check_interval", "max_age", "heartbeat_interval", "claim_idle")
+        positive = ("check_interval", "max_age", "heartbeat_interval", "claim_idle", "job_lease")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"{name} must be > 0 seconds, got {getattr(self, name)}")

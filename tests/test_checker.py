@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -358,28 +359,32 @@ def test_check_max_dead_letters_then_cli_lists_commits_rolls_back_and_rechecks(
     assert real_client.xlen(KEYS.dead_stream) == 1 and real_client.hlen(KEYS.inflight) == 0
 
 
-def test_check_max_without_any_live_producer(client):
-    """No producer ever reads the requests: each claim still counts a check, then the transaction is given up.
-    Its group's request stream holds one request while it is in flight (each check replaces the last one) and none
-    once it is dead-lettered: memory follows in-flight transactions, not checks."""
+def test_without_any_live_producer_one_request_is_kept_and_max_age_gives_up(client):
+    """No producer ever reads the requests: they do not count towards check_max (each one's check is given back
+    when the next replaces it), and the transaction is given up at max_age. Its group's request stream holds one
+    request while it is in flight (each check replaces the last one) and none once it is dead-lettered: memory
+    follows in-flight transactions, not checks."""
     settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=3)
     broker = RedisBroker(client, settings)
     broker.load_scripts()
     half_id = prepare(broker, "lonely", b"nobody answers")
     checker = Checker(client, settings)
-    seen_checks = set()
+    sent, seen_checks = 0, set()
 
     def step() -> bool:
-        checker.run_round()
+        nonlocal sent
+        sent += checker.run_round().checks_sent
         assert len(requested(client)) <= 1, "at most one pending request per transaction"
         seen_checks.update(int(f[b"check_times"]) for _, f in client.xrange(GroupKeys(GROUP).check_requests))
-        return client.xlen(KEYS.dead_stream) == 1
+        assert client.xlen(KEYS.dead_stream) == 0, "dead-lettered for checks nobody read"
+        return sent >= 3 * settings.check_max
 
     wait_until(step)
-    assert seen_checks <= {1, 2, 3} and 3 in seen_checks
+    assert seen_checks == {1} and client.hget(KEYS.checks, "lonely") == b"1", "only the pending request counts"
+    run_rounds(Checker(client, replace(settings, max_age=0.1)), lambda: client.xlen(KEYS.dead_stream) == 1)
     ((_, dead),) = client.xrange(KEYS.dead_stream)
     assert dead[b"body"] == b"nobody answers" and dead[b"half_id"].decode() == half_id
-    assert dead[b"check_times"] == b"3" and dead[b"dead_reason"] == b"check_max 3 checks reached"
+    assert dead[b"check_times"] == b"1" and dead[b"dead_reason"].startswith(b"older than max_age")
     assert leftovers(client) == NOTHING_LEFT, "the dead-lettered transaction's request is deleted with it"
 
 
@@ -393,15 +398,24 @@ def test_requests_without_live_producer_do_not_pile_up(real_client):
     for i in range(100):
         prepare(broker, f"big-{i}", body)
     checker = Checker(real_client, settings)
-    most = 0
+    most = sent = 0
 
-    def step() -> bool:
-        nonlocal most
-        checker.run_round()
-        most = max(most, real_client.xlen(GroupKeys(GROUP).check_requests))
-        return real_client.xlen(KEYS.dead_stream) == 100
+    def step(checker: Checker, enough: Any) -> Any:
+        def one() -> Any:
+            nonlocal most, sent
+            sent += checker.run_round().checks_sent
+            most = max(most, real_client.xlen(GroupKeys(GROUP).check_requests))
+            return enough()
 
-    wait_until(step, timeout=30)
+        return one
+
+    def outage() -> bool:
+        assert real_client.xlen(KEYS.dead_stream) == 0, "dead-lettered for checks nobody read"
+        return sent >= 100 * (settings.check_max + 1)
+
+    wait_until(step(checker, outage), timeout=30)
+    given_up = Checker(real_client, replace(settings, max_age=0.1))
+    wait_until(step(given_up, lambda: real_client.xlen(KEYS.dead_stream) == 100), timeout=30)
     assert most <= 100
     assert leftovers(real_client) == NOTHING_LEFT
 
@@ -847,3 +861,100 @@ def test_a_scan_claims_a_bounded_number_per_topic_and_says_more_are_due(client):
     second = checker.scan()
     assert (second.checks_sent, second.more_due) == (25 - 2 * SCAN_BATCHES, False)
     assert client.xlen(GroupKeys(GROUP).check_requests) == 25
+
+
+# -------------------------------------------------------------- 13. check_max counts the checks that reached a producer
+
+
+def test_checks_no_producer_read_do_not_spend_check_max(real_client, listener, make_producer):
+    """A committed transaction whose end was lost must not need an operator because no producer could read its
+    checks for a while (a failover, a restart of every instance): with check_max 2 and no producer of the group
+    running, a request is sent every check_interval and replaced, unread, by the next one; none of them counts, so
+    the transaction is not dead-lettered however many are sent, and the producer that starts next commits it."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=2, heartbeat_interval=0.5, claim_idle=1.0)
+    with make_producer(GROUP, Answers(), client=real_client, settings=settings) as gone:
+        result = gone.send_message_in_transaction(Message(TOPIC, b"committed, end lost"), UNKNOWN)
+    checker = Checker(real_client, settings)
+    sent = 0
+
+    def outage() -> bool:
+        nonlocal sent
+        sent += checker.run_round().checks_sent
+        assert real_client.xlen(KEYS.dead_stream) == 0, "dead-lettered for checks that no producer read"
+        return sent >= 5 * settings.check_max
+
+    wait_until(outage)
+    assert requested(real_client) == [result.transaction_id], "one request kept, for the next producer"
+    assert real_client.hget(KEYS.checks, result.transaction_id) == b"1", "only the pending request counts"
+
+    listener.default = COMMIT
+    with make_producer(GROUP, listener, client=real_client, settings=settings):
+        # a long interval from here: the pending request alone must reach the producer, no later check needed
+        run_rounds(Checker(real_client, replace(settings, check_interval=30)), lambda: real_client.xlen(TOPIC) == 1)
+    assert committed(real_client) == {result.transaction_id: 1}
+    assert real_client.xlen(KEYS.dead_stream) == 0 and real_client.hlen(KEYS.inflight) == 0
+
+
+def test_a_check_a_producer_read_counts_and_one_nobody_read_does_not(client):
+    """Read means delivered to a producer instance: a request read and never answered (its reader died with it in
+    hand, or hangs) counts, so that transaction is dead-lettered at check_max; a request still unread when the next
+    check replaces it gives its check back, so the transaction of a group nobody reads stays in flight, counting
+    one check (the pending one), until a producer answers it."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=3)
+    broker = RedisBroker(client, settings)
+    broker.load_scripts()
+    prepare(broker, "read")
+    broker.prepare_half(KEYS, Message(TOPIC, b"unread"), "unread", "idle_group")
+    idle_requests = GroupKeys("idle_group").check_requests
+    for stream in (REQUESTS, idle_requests):
+        client.xgroup_create(stream, PRODUCERS_CONSUMER_GROUP, "0", mkstream=True)
+    checker = Checker(client, settings)
+    sent = 0
+
+    def step() -> bool:
+        nonlocal sent
+        sent += checker.run_round().checks_sent
+        client.xreadgroup(PRODUCERS_CONSUMER_GROUP, "hangs", {REQUESTS: ">"})  # read, never answered
+        assert not client.hexists(KEYS.dead_index, "unread"), "dead-lettered for checks that no producer read"
+        return client.hexists(KEYS.dead_index, "read") and sent >= 6 * settings.check_max
+
+    wait_until(step)
+    (dead,) = dead_letters(client)
+    assert (dead["transaction_id"], dead["check_times"]) == ("read", 3) and "check_max 3" in dead["reason"]
+    assert client.hget(KEYS.checks, "unread") == b"1" and client.hexists(KEYS.inflight, "unread")
+    (request_id, request), *more = client.xrange(idle_requests)
+    assert not more and request[b"transaction_id"] == b"unread" and request[b"check_times"] == b"1"
+
+    client.xreadgroup(PRODUCERS_CONSUMER_GROUP, "back", {idle_requests: ">"})  # a producer of the group is back
+    reply(client, "unread", "COMMIT", group="idle_group")
+    client.xack(idle_requests, PRODUCERS_CONSUMER_GROUP, request_id)
+    client.xdel(idle_requests, request_id)
+    run_rounds(checker, lambda: client.xlen(TOPIC) == 1)
+    assert committed(client) == {"unread": 1} and client.hlen(KEYS.inflight) == 0
+
+
+def test_a_check_is_given_back_once_and_never_below_zero(client):
+    """The note that gives a check back is idempotent (redis-py repeats a call whose reply was lost): it gives back
+    only while the unread request is still the one noted for the transaction."""
+    from redis_txmq.protocol import SentCheck
+
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=5)
+    broker = RedisBroker(client, settings)
+    broker.load_scripts()
+    prepare(broker, "tx")
+    Checker(client, settings).run_round()
+    (first, _), *_ = client.xrange(REQUESTS)
+    first = first.decode()
+    wait_until(lambda: broker.claim_checks(KEYS, 10).to_check)  # the next check: counted, 2 so far
+    assert client.hget(KEYS.checks, "tx") == b"2"
+    note = [SentCheck("tx", "9999999999999-0", first)]
+    assert broker.note_check_requests(KEYS, note).given_back == 1
+    assert broker.note_check_requests(KEYS, note).given_back == 0, "a repeated note gives nothing back twice"
+    assert client.hget(KEYS.checks, "tx") == b"1" and client.hget(KEYS.check_requests, "tx") == b"9999999999999-0"
+
+    client.hset(KEYS.checks, "tx", 0)
+    assert broker.note_check_requests(KEYS, [SentCheck("tx", "9999999999999-1", "9999999999999-0")]).given_back == 0
+    assert client.hget(KEYS.checks, "tx") == b"0"
+    assert broker.note_check_requests(KEYS, [SentCheck("ended", "9999999999999-2", "1-0")]).stale == [
+        "9999999999999-2"
+    ], "a transaction that ended meanwhile: its new request is stale"

@@ -1,0 +1,472 @@
+"""The transaction protocol against a model: hypothesis' stateful testing drives the real producer, scripts and
+checker on a real redis-server through random interleavings of sends (of one message and of several), lost
+replies, sends that raise and are retried, local transactions that commit, roll back or are fenced, producers that
+die at any step, check rounds and their answers, dead letters an operator resolves, and records that expire. A
+plain Python model says what may be visible; after every step:
+
+- no message is visible twice (by body and by transaction id);
+- a visible message's send returned, and its transaction committed locally or an operator committed it;
+- of a transaction of several messages, only messages whose send returned are visible;
+
+and at quiescence (every open block ended or abandoned, the checker and an operator run until nothing is in flight):
+every transaction all or nothing, committed exactly when its local transaction committed (unless an operator
+decided otherwise), and nothing left in flight, requested or pinned (no memory past the windows).
+
+A failing example is shrunk and printed as a sequence of steps: make it a plain regression test. The run is seeded
+(the same 100 examples each time); ``TXMQ_MODEL_EXAMPLES=1000 TXMQ_MODEL_RANDOM=1`` runs a longer, new exploration.
+``tests/README.md`` says which defects it finds.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from checker import Checker
+from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer, create_topic
+from redis_txmq.admin import dead_letters, resolve_dead_transaction
+from redis_txmq.errors import PrepareError, TransactionConflictError, TransactionError, TxMQConnectionError
+from redis_txmq.keys import PRODUCERS_CONSUMER_GROUP, GroupKeys, decision_key, topic_keys_of_stream
+from redis_txmq.protocol import DeadAction
+
+pytestmark = pytest.mark.real
+
+COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
+GROUP = "model_group"
+STREAMS = ("orders", "audit#0", "audit#1")
+TOPICS = ("orders", "audit")
+SETTINGS = Settings(transaction_timeout=0, check_interval=0.001, check_max=2, heartbeat_interval=0.2)
+"""Every transaction in flight is due at every check round; two checks read and not answered dead-letter it."""
+EXAMPLES = int(os.environ.get("TXMQ_MODEL_EXAMPLES", "100"))
+RANDOM = bool(os.environ.get("TXMQ_MODEL_RANDOM"))
+"""Seeded by default (the same examples on every run); ``TXMQ_MODEL_RANDOM=1`` explores new ones."""
+
+CLIENT: redis.Redis | None = None
+"""The real server of the test session (set by the test before the machine runs)."""
+
+
+class Refused(Exception):
+    """What a model local transaction raises to roll back."""
+
+
+class ModelListener(TransactionListener):
+    """Answers check-backs from the model's database, like the SQLAlchemy transaction log: COMMIT for a committed
+    local transaction, UNKNOWN while its block is open or the database cannot be reached, else a fence (the local
+    transaction can no longer commit) and ROLLBACK."""
+
+    def __init__(self, model: ProtocolModel) -> None:
+        self.model = model
+
+    def execute_local_transaction(self, message: Message, arg: Any) -> Any:
+        return UNKNOWN
+
+    def check_local_transaction(self, message: Message) -> LocalTransactionState:
+        transaction_id = message.transaction_id or ""
+        if transaction_id in self.model.running or self.model.database_down:
+            return UNKNOWN
+        if self.model.local.get(transaction_id) == "COMMIT":
+            return COMMIT
+        self.model.local[transaction_id] = "FENCED"
+        return ROLLBACK
+
+
+class OpenSingle:
+    def __init__(self, handle: Any, body: bytes) -> None:
+        self.handle, self.body = handle, body
+        self.transaction_id = handle.transaction_id
+
+
+class OpenMany:
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.transaction_id = handle.transaction_id
+
+
+class ProtocolModel(RuleBasedStateMachine):
+    singles = Bundle("singles")
+    manys = Bundle("manys")
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert CLIENT is not None
+        self.client = CLIENT
+        self.client.flushall()
+        create_topic(self.client, "audit", 2)
+        self.producer = TransactionProducer(GROUP, ModelListener(self), client=self.client, settings=SETTINGS)
+        # started without its check-request reader: the model answers checks itself (rule answer_checks), so that
+        # every interleaving is chosen by hypothesis, not by a thread's timing
+        self.producer.broker.load_scripts()
+        self.producer._state = "running"
+        self.handler = self.producer._check_handler
+        self.handler._set_up()
+        self.checker = Checker(self.client, SETTINGS)
+        self.checker.start()
+        self.last_round_ms = 0
+        self.bodies = 0
+        self.local: dict[str, str] = {}
+        """Transaction id -> COMMIT (its local transaction committed) or FENCED (a check-back fenced it)."""
+        self.running: set[str] = set()
+        """Transactions whose block is open."""
+        self.returned: dict[str, set[bytes]] = {}
+        """Transaction id -> the bodies whose send returned (the only ones that may be published)."""
+        self.failed: set[bytes] = set()
+        """Bodies whose every send raised: never published."""
+        self.operator: dict[str, str] = {}
+        """Transaction id -> the outcome an operator made stand."""
+        self.database_down = False
+        """While True, check-backs cannot read the database: they answer UNKNOWN."""
+
+    # -- sends --------------------------------------------------------------------------------------------------
+
+    def _body(self) -> bytes:
+        self.bodies += 1
+        return b"m%d" % self.bodies
+
+    def _lose_next_reply(self, before: bool = False) -> None:
+        """The next script call runs on Redis (unless ``before``) and its reply is lost."""
+        runner = self.producer.broker.runner
+        run = runner.run
+
+        def lost(*args: Any, **kwargs: Any) -> Any:
+            runner.run = run
+            if not before:
+                run(*args, **kwargs)
+            raise redis.ConnectionError("the reply was lost")
+
+        runner.run = lost
+
+    def _restore(self) -> None:
+        broker = self.producer.broker
+        for name in ("run",):
+            broker.runner.__dict__.pop(name, None)
+        broker.__dict__.pop("end_transactions", None)
+
+    @rule(target=singles, topic=st.sampled_from(TOPICS), fault=st.sampled_from(["none", "none", "lost", "refused"]))
+    def open_single(self, topic: str, fault: str) -> Any:
+        body = self._body()
+        handle = self.producer.transaction(Message(topic, body, keys=body.decode()))
+        if fault != "none":
+            self._lose_next_reply(before=fault == "refused")
+        try:
+            handle.__enter__()
+        except PrepareError:
+            self.failed.add(body)
+            return None
+        finally:
+            self._restore()
+        self.running.add(handle.transaction_id)
+        self.returned[handle.transaction_id] = {body}
+        return OpenSingle(handle, body)
+
+    @rule(target=manys)
+    def open_many(self) -> Any:
+        handle = self.producer.transaction()
+        handle.__enter__()
+        self.running.add(handle.transaction_id)
+        self.returned[handle.transaction_id] = set()
+        return OpenMany(handle)
+
+    @rule(
+        many=manys,
+        topic=st.sampled_from(TOPICS),
+        fault=st.sampled_from(["none", "none", "lost", "lost_then_retried", "refused"]),
+        slow=st.booleans(),
+    )
+    def send(self, many: OpenMany | None, topic: str, fault: str, slow: bool) -> None:
+        """``tx.send`` in an open block; ``slow``: the block then runs so long that the checks of the messages it
+        sent so far run out (they are dead-lettered before it ends)."""
+        if many is None or many.transaction_id not in self.running:
+            return
+        try:
+            self._send(many, topic, fault)
+        finally:
+            if slow:
+                self.checks_run_out()
+
+    def _send(self, many: OpenMany, topic: str, fault: str) -> None:
+        body = self._body()
+        message = Message(topic, body, keys=body.decode())
+        if fault != "none":
+            self._lose_next_reply(before=fault == "refused")
+        try:
+            many.handle.send(message)
+        except PrepareError:
+            self._restore()
+            if fault != "lost_then_retried":
+                self.failed.add(body)
+                return
+            try:
+                many.handle.send(message)
+            except PrepareError:
+                self.failed.add(body)
+                return
+        finally:
+            self._restore()
+        self.returned[many.transaction_id].add(body)
+
+    # -- ends ---------------------------------------------------------------------------------------------------
+
+    def _commit_locally(self, transaction_id: str) -> bool:
+        """The local transaction's database commit; False when a check-back fenced it first."""
+        if self.local.get(transaction_id) == "FENCED":
+            return False
+        self.local[transaction_id] = "COMMIT"
+        return True
+
+    @rule(
+        single=consumes(singles),
+        how=st.sampled_from(["commit", "rollback", "end_lost", "dies_before_commit", "dies_after_commit"]),
+    )
+    def close_single(self, single: OpenSingle | None, how: str) -> None:
+        if single is None:
+            return
+        self._close(single.handle, single.transaction_id, how)
+
+    @rule(
+        many=consumes(manys),
+        how=st.sampled_from(["commit", "rollback", "ends_lost", "dies_before_commit", "dies_after_commit"]),
+    )
+    def close_many(self, many: OpenMany | None, how: str) -> None:
+        if many is None:
+            return
+        self._close(many.handle, many.transaction_id, how)
+
+    def _close(self, handle: Any, transaction_id: str, how: str) -> None:
+        self.running.discard(transaction_id)
+        if how == "dies_before_commit":
+            return  # the process is gone: nothing decided, nothing ended
+        if how == "rollback":
+            handle.__exit__(Refused, Refused("refused"), None)
+            return
+        committed = self._commit_locally(transaction_id)
+        if how == "dies_after_commit":
+            return
+        if how == "end_lost":
+            self._lose_next_reply()
+        if how == "ends_lost":
+            broker = self.producer.broker
+
+            def lost(ends: Any) -> Any:
+                raise TxMQConnectionError("the producer died after its decision")
+
+            broker.end_transactions = lost
+        try:
+            if committed:
+                handle.__exit__(None, None, None)
+            else:
+                handle.__exit__(Refused, Refused("the database refused the commit: fenced"), None)
+        finally:
+            self._restore()
+
+    # -- the check-back ------------------------------------------------------------------------------------------
+
+    def _round(self) -> None:
+        """A check round once the server's clock has passed ``check_interval`` (1 ms) since the last one, so that
+        what is due does not depend on how fast this machine runs the steps."""
+        while self._server_ms() <= self.last_round_ms + 1:
+            pass
+        self.checker.run_round()
+        self.last_round_ms = self._server_ms()
+
+    def _server_ms(self) -> int:
+        seconds, micros = self.client.time()
+        return seconds * 1000 + micros // 1000
+
+    @rule(down=st.booleans())
+    def database_reachable(self, down: bool) -> None:
+        self.database_down = down
+
+    @rule()
+    def check_round(self) -> None:
+        self._round()
+
+    @rule()
+    def check_cycle(self) -> None:
+        """A check interval passes with the producer group serving its checks: a round, the answers, a round."""
+        self._round()
+        self.answer_checks()
+        self._round()
+
+    @rule()
+    def checks_run_out(self) -> None:
+        """Long enough passes for every transaction in flight to use up its checks (``check_max``)."""
+        for _ in range(SETTINGS.check_max + 1):
+            self.check_cycle()
+
+    @rule()
+    def answer_checks(self) -> None:
+        """The producer group answers every check request waiting now (what its reader thread would do)."""
+        reply = self.client.xreadgroup(
+            PRODUCERS_CONSUMER_GROUP, self.handler.instance_id, {GroupKeys(GROUP).check_requests: ">"}, count=1000
+        )
+        for _, batch in reply or []:
+            for request_id, raw in batch:
+                self.handler._answer(request_id.decode(), raw)
+
+    @rule(pick=st.integers(0, 7), action=st.sampled_from(list(DeadAction)))
+    def operator_resolves(self, pick: int, action: DeadAction) -> None:
+        dead = [letter["transaction_id"] for letter in dead_letters(self.client)]  # in stream order: reproducible
+        if not dead:
+            return
+        transaction_id = dead[pick % len(dead)]
+        try:
+            parent, _ = resolve_dead_transaction(self.checker.broker, transaction_id, action)
+        except TransactionConflictError:
+            return
+        if action is not DeadAction.RECHECK:
+            self.operator.setdefault(parent or transaction_id, action.value)
+
+    @rule()
+    def records_expire(self) -> None:
+        """Time passes beyond the records' lifetime (``max_age`` and the dedupe window): every record of a
+        transaction of several messages that has a time to live, no message in flight and no block open (none stays
+        open that long) is gone, as its expiry would have it."""
+        for key in self.client.scan_iter(match="txmq:decision:*"):
+            if self.client.pttl(key) <= 0:
+                continue
+            parent = key.decode().partition("{")[2].rstrip("}")
+            if parent in self.running:
+                continue
+            if not any(self._in_flight(stream, parent + ".*") for stream in STREAMS):
+                self.client.delete(key)
+
+    def _in_flight(self, stream: str, match: str) -> int:
+        return sum(1 for _ in self.client.hscan_iter(topic_keys_of_stream(stream).inflight, match=match))
+
+    # -- what must hold ------------------------------------------------------------------------------------------
+
+    def visible(self) -> list[tuple[str, bytes]]:
+        return [
+            (fields[b"transaction_id"].decode(), fields[b"body"])
+            for stream in STREAMS
+            for _, fields in self.client.xrange(stream)
+        ]
+
+    @staticmethod
+    def transaction_of(message_transaction_id: str) -> str:
+        return message_transaction_id.partition(".")[0]
+
+    @invariant()
+    def a_decision_stands_while_a_message_of_it_is_dead_lettered(self) -> None:
+        """SPEC §5: the decision of a transaction of several messages stands for as long as a dead letter of it
+        exists: the record of a transaction with a dead-lettered message does not expire, and once a message of it
+        is published the record says COMMIT."""
+        published = {self.transaction_of(txid) for txid, _ in self.visible() if "." in txid}
+        for letter in dead_letters(self.client):
+            txid = letter["transaction_id"]
+            if "." not in txid:
+                continue
+            parent = self.transaction_of(txid)
+            record = decision_key(parent)
+            assert self.client.pttl(record) == -1, f"{txid} is dead-lettered and the record of {parent} expires"
+            if parent in published:
+                assert self.client.hget(record, "outcome") == b"COMMIT", (
+                    f"{txid} is dead-lettered, {parent} published, and its decision is gone"
+                )
+
+    @invariant()
+    def nothing_twice_nothing_unasked(self) -> None:
+        seen = self.visible()
+        bodies = [body for _, body in seen]
+        assert len(bodies) == len(set(bodies)), f"a message published twice: {sorted(bodies)}"
+        assert len(seen) == len({txid for txid, _ in seen}), "a transaction id published twice"
+        for txid, body in seen:
+            parent = self.transaction_of(txid)
+            assert body in self.returned.get(parent, set()), f"{body!r} published although its send raised"
+            assert self.local.get(parent) == "COMMIT" or self.operator.get(parent) == "COMMIT", (
+                f"{body!r} of {parent} published, but neither its local transaction nor an operator committed it"
+            )
+
+    def teardown(self) -> None:
+        try:
+            self._settle()
+            self._all_or_nothing()
+        finally:
+            self.producer._state = "shut down"
+            self.producer.broker.close()
+            self.checker.broker.close()
+
+    def _settle(self) -> None:
+        """Until nothing is in flight: abandon open blocks (their processes died), run check rounds, answer, and
+        resolve dead letters as an operator who knows the truth (the other way when a decision already stands)."""
+        self.running.clear()
+        self.database_down = False
+        for _ in range(60):
+            self.check_cycle()
+            for letter in dead_letters(self.client):
+                txid = letter["transaction_id"]
+                parent = self.transaction_of(txid)
+                truth = DeadAction.COMMIT if self.local.get(parent) == "COMMIT" else DeadAction.ROLLBACK
+                try:
+                    resolve_dead_transaction(self.checker.broker, txid, truth)
+                    self.operator.setdefault(parent, truth.value)
+                except TransactionConflictError:
+                    other = DeadAction.ROLLBACK if truth is DeadAction.COMMIT else DeadAction.COMMIT
+                    resolve_dead_transaction(self.checker.broker, txid, other)
+                    self.operator.setdefault(parent, other.value)
+                except TransactionError:
+                    pass
+            if not any(self._in_flight(s, "*") for s in STREAMS) and not dead_letters(self.client):
+                break
+        else:
+            raise AssertionError("transactions still in flight after 60 check rounds")
+
+    def _all_or_nothing(self) -> None:
+        visible: dict[str, set[bytes]] = {}
+        for txid, body in self.visible():
+            visible.setdefault(self.transaction_of(txid), set()).add(body)
+        for parent, returned in self.returned.items():
+            shown = visible.get(parent, set())
+            committed = self.operator.get(parent, "COMMIT" if self.local.get(parent) == "COMMIT" else "ROLLBACK")
+            if committed == "COMMIT" and self.operator.get(parent) != "ROLLBACK":
+                assert shown == returned, (
+                    f"transaction {parent} committed, but shows {sorted(shown)} of {sorted(returned)}"
+                )
+            else:
+                assert not shown, f"transaction {parent} rolled back, but shows {sorted(shown)}"
+        for body in self.failed:
+            assert all(body not in shown for shown in visible.values()), f"{body!r} published although its send raised"
+        for stream in STREAMS:
+            keys = topic_keys_of_stream(stream)
+            assert self.client.xlen(keys.half_stream) == 0 if self.client.exists(keys.half_stream) else True
+            for key in (keys.inflight, keys.checks, keys.check_requests):
+                assert self.client.hlen(key) == 0, f"{key} not empty at quiescence"
+            for key in (keys.unchecked, keys.due):
+                assert self.client.zcard(key) == 0, f"{key} not empty at quiescence"
+        assert self.client.xlen(GroupKeys(GROUP).check_requests) == 0, "check requests left at quiescence"
+        for key in self.client.scan_iter(match="txmq:decision:*"):
+            assert self.client.pttl(key) > 0, f"{key!r} kept for ever with nothing dead-lettered"
+
+
+@pytest.mark.timeout(900)
+def test_the_protocol_holds_against_its_model(redis_url: str) -> None:
+    global CLIENT
+    CLIENT = redis.Redis.from_url(redis_url)
+    try:
+        run_state_machine_as_test(
+            ProtocolModel,
+            settings=settings(
+                max_examples=EXAMPLES,
+                stateful_step_count=40,
+                deadline=None,
+                derandomize=not RANDOM,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+            ),
+        )
+    finally:
+        CLIENT.close()
+        CLIENT = None
