@@ -23,7 +23,7 @@ from . import entries, tracing
 from .config import Settings
 from .connection import REDIS_ERRORS
 from .errors import CorruptEntryError, TxMQConnectionError
-from .groups import Backoff, PendingTakeover, ensure_consumer_group, is_missing_group
+from .groups import Backoff, PendingTakeover, ensure_consumer_group, is_missing_group, read_group
 from .heartbeat import Heartbeat
 from .keys import GROUP_REGISTRY, PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, TOPIC_REGISTRY, GroupKeys
 from .listener import TransactionListener, local_state
@@ -43,15 +43,42 @@ class Registrations:
     streams: frozenset[str] = frozenset()
     partitions: dict[str, int] = field(default_factory=dict)
 
-    def sets(self, producer_group: str) -> list[tuple[str, list[str]]]:
-        """``(registry key, members)`` to SADD: the producer group, and the topic streams."""
-        sets = [(GROUP_REGISTRY, [producer_group])]
+    def calls(self, producer_group: str) -> list[tuple[str, str, tuple[Any, ...]]]:
+        """``(what, client method, arguments)`` of each registration: the producer group and the topic streams in
+        their registries, each topic's partition count in its own slot. One call each, made and failing on its
+        own: on a Redis Cluster they live on different masters, and one that is down must not stop the others."""
+        calls: list[tuple[str, str, tuple[Any, ...]]] = [
+            (f"producer group in {GROUP_REGISTRY}", "sadd", (GROUP_REGISTRY, producer_group))
+        ]
         if self.streams:
-            sets.append((TOPIC_REGISTRY, sorted(self.streams)))
-        return sets
+            calls.append((f"topic streams in {TOPIC_REGISTRY}", "sadd", (TOPIC_REGISTRY, *sorted(self.streams))))
+        for topic, count in sorted(self.partitions.items()):
+            calls.append((f"partitions of topic {topic!r}", "eval", restore_partitions_call(topic, count)))
+        return calls
 
-    def partition_calls(self) -> list[tuple[Any, ...]]:
-        return [restore_partitions_call(topic, count) for topic, count in sorted(self.partitions.items())]
+
+class FailingRegistrations:
+    """The registrations that failed at the last beat (their master down, say): a failure is logged when it
+    starts and when it ends, not at every beat."""
+
+    def __init__(self, producer_group: str) -> None:
+        self.producer_group = producer_group
+        self._failing: set[str] = set()
+
+    def succeeded(self, what: str) -> None:
+        if what in self._failing:
+            self._failing.discard(what)
+            logger.info("group=%s re-asserts the %s again", self.producer_group, what)
+
+    def failed(self, what: str, exc: Exception) -> None:
+        if what not in self._failing:
+            self._failing.add(what)
+            logger.warning(
+                "group=%s could not re-assert the %s: %s; retried with every heartbeat, the rest goes on",
+                self.producer_group,
+                what,
+                exc,
+            )
 
 
 @dataclass(slots=True)
@@ -195,6 +222,7 @@ class CheckRequestHandler:
             client, self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, instance_id, settings.claim_idle
         )
         self._needs_set_up = True
+        self._failing = FailingRegistrations(producer_group)
 
     def start(self) -> None:
         """Join the group's readers and begin answering. On a Redis Cluster whose master of this group's slot is
@@ -217,15 +245,17 @@ class CheckRequestHandler:
     def _beat(self) -> None:
         """Heartbeat, and re-assert the registries (this group, and the producer's ``registrations``: the topic
         streams it wrote to and its topics' partition counts): a Redis that lost its data (restart without
-        persistence, failover to a lagging replica) heals within a beat."""
+        persistence, failover to a lagging replica) heals within a beat. Only the heartbeat's failure fails the
+        beat: a registration that fails (on a cluster master that is down) is logged and tried again next beat."""
         self.heartbeat.beat()
         registrations = self.registrations() if self.registrations is not None else Registrations()
-        pipe = self.client.pipeline(transaction=False)
-        for key, members in registrations.sets(self.producer_group):
-            pipe.sadd(key, *members)
-        pipe.execute()
-        for call in registrations.partition_calls():
-            self.client.eval(*call)
+        for what, method, args in registrations.calls(self.producer_group):
+            try:
+                getattr(self.client, method)(*args)
+            except REDIS_ERRORS as exc:
+                self._failing.failed(what, exc)
+            else:
+                self._failing.succeeded(what)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop reading, finish the checks that are running, hand the queued ones back to other instances."""
@@ -275,13 +305,8 @@ class CheckRequestHandler:
             logger.info("group=%s took over %d check requests of a dead instance", self.producer_group, len(abandoned))
             self._dispatch(abandoned)
             return
-        reply = self.client.xreadgroup(
-            PRODUCERS_CONSUMER_GROUP,
-            self.instance_id,
-            {self.keys.check_requests: ">"},
-            count=min(room, 100),
-            block=READ_BLOCK_MS,
-        )
+        stream, count = self.keys.check_requests, min(room, 100)
+        reply = read_group(self.client, PRODUCERS_CONSUMER_GROUP, self.instance_id, stream, count, READ_BLOCK_MS)
         for _, batch in entries.stream_batches(reply):
             self._dispatch(batch)
 

@@ -7,8 +7,9 @@ import time
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
-from .connection import REDIS_ERRORS
+from .connection import REDIS_ERRORS, is_async_cluster
 from .entries import text
 from .errors import TxMQConnectionError
 from .scripts import script_source
@@ -59,6 +60,20 @@ def ensure_consumer_group(client: Any, stream: str, group: str, start_id: str = 
         return bool(int(client.eval(*ensure_group_call(stream, group, start_id))))
     except REDIS_ERRORS as exc:
         raise ensure_group_error(stream, group, exc) from exc
+
+
+def read_group(client: Any, group: str, consumer: str, stream: str, count: int, block_ms: int | None) -> Any:
+    """XREADGROUP of the new entries of one stream: the reply, or an awaitable on a ``redis.asyncio`` client.
+
+    On a Redis Cluster the read is sent to the master of the stream's slot. Left to itself, redis-py's cluster client
+    asks its default node (any master) for the keys of XREADGROUP, whose keys sit at no fixed position: with that
+    master down every read failed, whatever master its stream lives on."""
+    if not (isinstance(client, RedisCluster) or is_async_cluster(client)):
+        return client.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
+    args: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", count]
+    if block_ms is not None:
+        args += ["BLOCK", block_ms]
+    return client.execute_command(*args, "STREAMS", stream, ">", target_nodes=client.get_node_from_key(stream))
 
 
 def ensure_group_call(stream: str, group: str, start_id: str) -> tuple[Any, ...]:

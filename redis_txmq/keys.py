@@ -29,14 +29,19 @@ key                                   type    holds
 ``txmq:replies``                      stream  check answers from producers (read by the checkers)
 ``txmq:checkers``                     zset    checker instance -> last heartbeat (ms, server clock)
 ``txmq:group:{G}:durability``         hash    producer instance -> durability level (``txmq status``)
-``{txmq:checkers}:durability``        hash    checker instance -> durability level (slot of ``txmq:checkers``)
+``txmq:{txmq:checkers}:durability``   hash    checker instance -> durability level (slot of ``txmq:checkers``)
 ``txmq:decision:{X}``                 hash    the decision of transaction X of several messages (its own slot)
 ``txmq:{S}:stage:<J>:<a>``            stream  rows of attempt a of a write job J for stream S, invisible until J commits
                                               (MessagePack, 100 rows per entry; expires after max_age + dedupe window)
-``txmq:job:{J}`` / ``:stages``        hash    write job J's decision (outcome, stages committed) / set: its stages
+``txmq:{S}:published:<J>:<a>``        hash    ``rows``: how many rows of that stage were published (kept as long as
+                                              J's decision: a stage published in full is told apart from a lost one)
+``txmq:job:{J}`` / ``:stages``        hash    write job J: its lease while undecided (``lease_ms``), then its decision
+                                              (outcome, stages committed, rows per stage) / set: its stages
+``txmq:job:{J}:set-aside``            set     stages of a micro-batch that was not committed, to delete
 ``txmq:job:{K}:<b>`` / ``:stages``    hash    the same for micro-batch b of streaming sink K
 ``txmq:sink:{K}``                     hash    streaming sink K: ``last_batch``, the last micro-batch it committed
-``txmq:jobs``                         zset    write jobs not settled yet -> start time (ms): the checker ends them
+``txmq:jobs``                         zset    write jobs not settled yet -> when the checker looks at each next (ms:
+                                              its lease's end, its decision's time + transaction_timeout; +inf: parked)
 ====================================  ======  ==========================================================
 
 The Lua scripts that change a transaction receive :meth:`TopicKeys.script_keys` as KEYS, in that
@@ -55,9 +60,11 @@ TOPIC_REGISTRY = f"{PREFIX}:topics"
 GROUP_REGISTRY = f"{PREFIX}:groups"
 REPLY_STREAM = f"{PREFIX}:replies"
 CHECKER_INSTANCES = f"{PREFIX}:checkers"
-CHECKER_LEVELS = f"{{{CHECKER_INSTANCES}}}:durability"
+CHECKER_LEVELS = f"{PREFIX}:{{{CHECKER_INSTANCES}}}:durability"
 """Checker instance -> durability level; tagged with the whole name of ``txmq:checkers`` (which has no tag), so
-both live in one hash slot for the heartbeat script."""
+both live in one hash slot for the heartbeat script; under the ``txmq:`` prefix like every key of the library.
+Earlier releases wrote ``{txmq:checkers}:durability``, outside the prefix (an ACL user limited to ``~txmq:*`` could
+not start a checker); it fed ``txmq status`` only, so it is not read any more and may be deleted."""
 PRODUCERS_CONSUMER_GROUP = "producers"
 """Consumer group of a check-request stream: the live producer instances of the producer group."""
 CHECKERS_CONSUMER_GROUP = "checkers"
@@ -203,7 +210,8 @@ def decision_key(transaction_id: str) -> str:
 
 
 JOB_REGISTRY = f"{PREFIX}:jobs"
-"""Write jobs not settled yet (decision key -> start time in ms); the checker settles those their driver left."""
+"""Write jobs not settled yet: decision key -> the time (server ms) the checker looks at the job next (the end of its
+lease, or its decision's time plus ``transaction_timeout``; ``+inf`` for a job parked for an operator)."""
 
 
 def stage_key(stream: str, job_id: str, attempt: str) -> str:
@@ -217,6 +225,13 @@ def stream_of_stage(stage: str) -> str:
     if not stage.startswith(f"{PREFIX}:{{") or "}:stage:" not in stage:
         raise ValueError(f"not a stage key: {stage!r}")
     return stage[len(PREFIX) + 2 : stage.index("}:stage:")]
+
+
+def published_key(stage: str) -> str:
+    """How many rows of ``stage`` were published (``lua/publish_stage.lua``), in the stage's slot; it outlives the
+    stage, so that a stage published in full is told apart from one that is missing."""
+    stream_of_stage(stage)
+    return stage.replace("}:stage:", "}:published:", 1)
 
 
 @dataclass(frozen=True)
@@ -243,10 +258,20 @@ class JobKeys:
     def stages(self) -> str:
         return f"{self.decision}:stages"
 
+    @cached_property
+    def set_aside(self) -> str:
+        """Stages of a micro-batch that was not committed, waiting to be deleted (``lua/settle_job.lua``)."""
+        return f"{self.decision}:set-aside"
+
     @property
     def note_keys(self) -> list[str]:
         """KEYS of ``lua/note_stage.lua``: the decision and the stage list."""
         return [self.decision, self.stages]
+
+    @property
+    def settle_keys(self) -> list[str]:
+        """KEYS of ``lua/settle_job.lua``: the record, the stage list and the set aside stages."""
+        return [self.decision, self.stages, self.set_aside]
 
     @cached_property
     def sink(self) -> str:

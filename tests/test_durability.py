@@ -227,3 +227,54 @@ def test_a_write_job_waits_for_its_replica_and_an_unconfirmed_decision_is_left_t
         assert settle_jobs(client, settings) == 1
         assert [f[b"body"] for _, f in client.xrange("orders")] == [b"one", b"two"]
         assert client.zcard(JOB_REGISTRY) == 0
+
+
+@pytest.mark.real
+def test_the_durability_keyword_of_either_producer_overrides_the_settings(replicated: tuple[str, int]) -> None:
+    """``TransactionProducer(..., durability=...)`` as ``oneway_end``: at ``replica`` a prepare no replica confirmed
+    is refused although the settings say ``master``, and ``master`` no longer waits for a replica the settings ask."""
+    url, replica = replicated
+    settings = replace(FAST, redis_url=url, durability_timeout=0.2)
+    asking = replace(settings, durability="replica")
+    with TransactionProducer("durable", checker=lambda m: COMMIT, settings=settings, durability="replica") as strict:
+        assert strict.settings.durability == "replica"
+        with Stopped(replica), pytest.raises(PrepareError, match=r"0 of 1 replica\(s\)"):
+            with strict.transaction(Message("orders", b"not replicated")):
+                raise AssertionError("the local transaction ran without a confirmed prepare")
+    with TransactionProducer("durable", checker=lambda m: COMMIT, settings=asking, durability="master") as lax:
+        with Stopped(replica), lax.transaction(Message("orders", b"master only")) as unwaited:
+            pass
+        assert unwaited.result is not None and unwaited.result.end_error is None
+
+    async def asyncio_sends() -> str:
+        async with AsyncTransactionProducer(
+            "durable", checker=lambda m: COMMIT, settings=settings, durability="replica"
+        ) as producer:
+            assert producer.settings.durability == "replica"
+            with Stopped(replica), pytest.raises(PrepareError, match=r"0 of 1 replica\(s\)"):
+                async with producer.transaction(Message("orders", b"not replicated either")):
+                    raise AssertionError("the local transaction ran without a confirmed prepare")
+        async with AsyncTransactionProducer(
+            "durable", checker=lambda m: COMMIT, settings=asking, durability="master"
+        ) as producer:
+            with Stopped(replica):
+                async with producer.transaction(Message("orders", b"master only, asyncio")) as tx:
+                    pass
+            assert tx.result is not None and tx.result.end_error is None
+            return tx.transaction_id
+
+    asyncio_id = asyncio.run(asyncio_sends())
+    assert topic_entries(url) == [unwaited.transaction_id, asyncio_id]
+
+
+@pytest.mark.parametrize("producer_class", [TransactionProducer, AsyncTransactionProducer], ids=["sync", "asyncio"])
+def test_an_unknown_durability_keyword_is_refused_naming_the_levels(producer_class: type) -> None:
+    with pytest.raises(ConfigurationError, match="durability must be one of master, replica, aof, got 'quorum'"):
+        producer_class("durable", checker=lambda m: COMMIT, redis_url="redis://127.0.0.1:1/0", durability="quorum")
+    with pytest.raises(ConfigurationError, match="durability_timeout must be > 0"):
+        producer_class(
+            "durable",
+            checker=lambda m: COMMIT,
+            settings=Settings(redis_url="redis://127.0.0.1:1/0", durability_timeout=0),
+            durability="aof",
+        )

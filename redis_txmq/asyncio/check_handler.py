@@ -13,7 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import entries, tracing
-from ..check_handler import READ_BLOCK_MS, CheckRequest, Registrations, hand_back, queue_finish, read_failed
+from ..check_handler import (
+    READ_BLOCK_MS,
+    CheckRequest,
+    FailingRegistrations,
+    Registrations,
+    hand_back,
+    queue_finish,
+    read_failed,
+)
 from ..config import Settings
 from ..connection import REDIS_ERRORS, is_async_cluster
 from ..errors import CorruptEntryError, TxMQConnectionError
@@ -23,6 +31,7 @@ from ..groups import (
     ensure_group_call,
     ensure_group_error,
     forget_consumers_call,
+    read_group,
     removed_names,
 )
 from ..heartbeat import Heartbeat
@@ -61,6 +70,7 @@ class AsyncCheckRequestHandler:
         self._stop = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._needs_set_up = True
+        self._failing = FailingRegistrations(producer_group)
 
     async def start(self) -> None:
         """Join the group's readers and begin answering; on a cluster whose master of this group's slot is down,
@@ -100,15 +110,17 @@ class AsyncCheckRequestHandler:
         self._needs_set_up = False
 
     async def _beat(self) -> None:
-        """Heartbeat, and re-assert the registries (see the sync handler): Redis that lost its data heals."""
+        """Heartbeat, and re-assert the registries (see the sync handler): Redis that lost its data heals. A
+        registration that fails (its cluster master down) is logged and tried again next beat, the rest goes on."""
         await self.heartbeat.call("beat")
         registrations = self.registrations() if self.registrations is not None else Registrations()
-        async with self.client.pipeline(transaction=False) as pipe:
-            for key, members in registrations.sets(self.producer_group):
-                pipe.sadd(key, *members)
-            await pipe.execute()
-        for call in registrations.partition_calls():
-            await self.client.eval(*call)
+        for what, method, args in registrations.calls(self.producer_group):
+            try:
+                await getattr(self.client, method)(*args)
+            except REDIS_ERRORS as exc:
+                self._failing.failed(what, exc)
+            else:
+                self._failing.succeeded(what)
 
     async def _read_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -154,13 +166,8 @@ class AsyncCheckRequestHandler:
                 )
                 await self._dispatch(claimed)
                 return
-        reply = await self.client.xreadgroup(
-            PRODUCERS_CONSUMER_GROUP,
-            self.instance_id,
-            {self.keys.check_requests: ">"},
-            count=count,
-            block=READ_BLOCK_MS,
-        )
+        stream = self.keys.check_requests
+        reply = await read_group(self.client, PRODUCERS_CONSUMER_GROUP, self.instance_id, stream, count, READ_BLOCK_MS)
         for _, batch in entries.stream_batches(reply):
             await self._dispatch(batch)
 
