@@ -297,14 +297,21 @@ class Checker:
         buried: list[tuple[GivenUp, str]] = []
         for part in given_up:
             index = message_index(part.parent_transaction_id, part.transaction_id)
-            record = self.broker.decide(
-                part.parent_transaction_id,
-                part.producer_group,
-                RecordAction.PIN,
-                EndSource.CHECKER,
-                [] if index is None else [index],
-            )
-            outcome = record.outcome_of(part.transaction_id)
+            try:
+                record = self.broker.decide(
+                    part.parent_transaction_id,
+                    part.producer_group,
+                    RecordAction.PIN,
+                    EndSource.CHECKER,
+                    [] if index is None else [index],
+                )
+            except TransactionError as exc:  # a record of another producer group: not this message's transaction
+                logger.error(
+                    "tx=%s topic=%s its transaction's record refused: %s", part.transaction_id, keys.topic, exc
+                )
+                outcome = None
+            else:
+                outcome = record.outcome_of(part.transaction_id)
             if outcome is not None:
                 ends.append(self._end_by_record(keys, part.transaction_id, part.producer_group, part.half_id, outcome))
                 continue
