@@ -16,7 +16,6 @@ from .config import Settings
 from .connection import REDIS_ERRORS, instance_id, resolve_client
 from .errors import (
     InvalidMessageError,
-    PrepareError,
     ProducerStateError,
     TxMQConnectionError,
     TxMQError,
@@ -256,12 +255,9 @@ class TransactionProducer:
                 many.transaction_id, self.producer_group, RecordAction.VOID, EndSource.PRODUCER, pending
             )
         except TxMQError as exc:
-            logger.warning("tx=%s could not mark failed sends %s: %s", many.transaction_id, sorted(pending), exc)
+            refusal = many.not_marked(pending, exc)
             if raise_error:
-                raise PrepareError(
-                    f"transaction {many.transaction_id}: an earlier send did not return and cannot be marked as "
-                    f"failed ({exc}); nothing was written: retry, or leave the block to roll the transaction back"
-                ) from exc
+                raise refusal from exc
             return None
         many.voided(pending)
         self._roll_back_failed_sends(many, pending)

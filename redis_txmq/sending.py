@@ -216,6 +216,14 @@ class ManyState:
         """``indices`` were marked in the record (or it was decided already: they follow its decision then)."""
         self.unvoided -= indices
 
+    def not_marked(self, indices: set[int], exc: TxMQError) -> PrepareError:
+        """The failed sends ``indices`` could not be marked in the record: logged; the refusal of the next send."""
+        logger.warning("tx=%s could not mark failed sends %s: %s", self.transaction_id, sorted(indices), exc)
+        return PrepareError(
+            f"transaction {self.transaction_id}: an earlier send did not return and cannot be marked as failed "
+            f"({exc}); nothing was written: retry, or leave the block to roll the transaction back"
+        )
+
     def rollback_calls(self, indices: set[int]) -> list[EndCall]:
         """Roll back the half messages the failed sends ``indices`` may have written (those whose topic is known)."""
         return [

@@ -27,24 +27,12 @@ from redis_txmq.cli import main
 from redis_txmq.connection import connect
 from redis_txmq.keys import topic_stream_key
 
-from .failover import Run, appended, dead_lettered, judge
+from .failover import FAST, Run, appended, dead_lettered, judge
 from .sentinel_fixture import SentinelGroup
 
 pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(480)]
 
 TOPIC = "orders"
-FAST = {
-    "transaction_timeout": 0.5,
-    "check_interval": 0.5,
-    "check_max": 3,
-    "heartbeat_interval": 0.5,
-    "claim_idle": 1.0,
-}
-"""Short intervals, and none of them a budget that a slow machine or a long failover spends: check_max counts the
-checks that reached the service, which answers each COMMIT or ROLLBACK, so 3 is plenty; it used to count the checks
-sent every check_interval while no producer could read them (the default 15 took 7.5 s of an 11 s failover on a
-busy machine and dead-lettered two committed transactions; 3 made that one run in three), which a low budget
-catches. claim_idle and heartbeat_interval only decide who takes work over and who is listed live."""
 ACKED_BEFORE, ACKED_AFTER = 150, 150
 """Acknowledged commits to see before the failover, and after it."""
 

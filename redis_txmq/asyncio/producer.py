@@ -20,7 +20,7 @@ from .. import tracing
 from ..check_handler import Registrations
 from ..config import Settings
 from ..connection import REDIS_ERRORS, instance_id, resolve_client
-from ..errors import InvalidMessageError, PrepareError, ProducerStateError, TxMQConnectionError, TxMQError
+from ..errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from ..keys import topic_meta_key
 from ..listener import TransactionListener as SyncTransactionListener
 from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
@@ -232,12 +232,9 @@ class TransactionProducer:
                 many.transaction_id, self.producer_group, RecordAction.VOID, EndSource.PRODUCER, pending
             )
         except TxMQError as exc:
-            logger.warning("tx=%s could not mark failed sends %s: %s", many.transaction_id, sorted(pending), exc)
+            refusal = many.not_marked(pending, exc)
             if raise_error:
-                raise PrepareError(
-                    f"transaction {many.transaction_id}: an earlier send did not return and cannot be marked as "
-                    f"failed ({exc}); nothing was written: retry, or leave the block to roll the transaction back"
-                ) from exc
+                raise refusal from exc
             return None
         many.voided(pending)
         await self._roll_back_failed_sends(many, pending)
