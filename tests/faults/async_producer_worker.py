@@ -3,14 +3,15 @@ sent by :class:`redis_txmq.asyncio.TransactionProducer` with an asyncio listener
 
 ``python -m tests.faults.async_producer_worker CONFIG SLOT``: sends orders ``SLOT-<n>`` in rounds of
 :data:`IN_FLIGHT` concurrent tasks (``asyncio.gather``), paced to the slot's rate, resuming after a restart; then
-touches ``<ledger>.done`` and keeps answering check-backs until SIGTERM. A share of the orders
-(:data:`HANDLE_SHARE`) goes through a transaction handle (``async with producer.transaction(message)``) instead of
-the listener; such an order that must end UNKNOWN leaves its block through an expired ``asyncio.timeout`` after its
-database work, which leaves the transaction to the check-back. An order of several messages goes through
-``send_messages_in_transaction``, or through ``async with producer.transaction() as tx`` and a ``tx.send`` per
-message, and dies after its decision when the fault ``decided`` asks (see :mod:`.producer_worker`). The order book
-is used through its async methods (a thread for SQLite, the asyncio engine for PostgreSQL), the journal from
-threads."""
+touches ``<ledger>.done`` and keeps answering check-backs until SIGTERM. A share of the orders (:data:`HANDLE_SHARE`
+of those of one message, ``handle_many_share`` of those of several) goes through a transaction handle instead of the
+listener (``async with producer.transaction(message)``); such an order that must end UNKNOWN leaves its block
+through an expired ``asyncio.timeout`` after its database work, which leaves the transaction to the check-back. An
+order of several messages goes through ``send_messages_in_transaction``, or through ``async with
+producer.transaction() as tx`` and a ``tx.send`` per message (tried again when it raises, as the sync service does:
+:class:`~.producer_worker.Parts`), and dies after its decision when the fault ``decided`` asks (see
+:mod:`.producer_worker`). The order book is used through its async methods (a thread for SQLite, the asyncio engine
+for PostgreSQL), the journal from threads."""
 
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ from redis_txmq.sending import HandleState
 from .ledger import Ledger
 from .producer_worker import (
     AFTER_COMMIT,
+    RETRY_PAUSE,
     WRITES_ROW,
     LocalTransactionFailed,
     OrderBook,
+    Parts,
+    handle_many_share,
     journal_of,
     kill_after_decision,
     kill_flag,
@@ -47,8 +51,8 @@ logger = logging.getLogger("faults.async_producer")
 IN_FLIGHT = 4
 """Sends started together in each round: their script calls share pipelines, their local transactions overlap."""
 HANDLE_SHARE = 0.4
-"""Share of the orders sent through a transaction handle (``raise_row`` ones excepted: a block that raises rolls
-back, which a committed row must not be)."""
+"""Share of the orders of one message sent through a transaction handle (``raise_row`` ones excepted: a block that
+raises rolls back, which a committed row must not be); of the orders of several, ``handle_many_share``."""
 TIMED_OUT = AFTER_COMMIT / 2
 """When an UNKNOWN order's handle block times out: during the pause after its database work."""
 
@@ -99,10 +103,12 @@ class Sender:
         self.most_in_flight = 0
         self.by_handle = 0
 
-    async def with_handle(self, messages: tuple[Message, ...], behaviour: str) -> list[TransactionSendResult]:
-        """The order as the body of a transaction handle (of its message, or of several sent with ``tx.send``):
-        COMMIT by leaving the block, ROLLBACK by ``tx.rollback()`` or by raising, UNKNOWN by a timeout that cancels
-        the block."""
+    async def with_handle(
+        self, messages: tuple[Message, ...], behaviour: str, parts: Parts
+    ) -> list[TransactionSendResult]:
+        """The order as the body of a transaction handle (of its message, or of several sent with ``tx.send``, each
+        tried again when it raises): COMMIT by leaving the block, ROLLBACK by ``tx.rollback()`` or by raising,
+        UNKNOWN by a timeout that cancels the block."""
         loop = asyncio.get_running_loop()
         tx = self.producer.transaction(messages[0]) if len(messages) == 1 else self.producer.transaction()
         try:
@@ -111,8 +117,8 @@ class Sender:
                     row: HandleState | Message = tx
                     if isinstance(tx, AsyncTransactionOfMany):
                         for message in messages:
-                            await tx.send(message)
-                        row = messages[0].copy_for_send(tx.transaction_id)
+                            await self.send_one(tx, message, parts)
+                        row = parts.row(messages[0], tx.transaction_id)
                     if behaviour in WRITES_ROW and not await self.service.commit_order(row):
                         await tx.rollback()
                         return results_of(tx)
@@ -130,32 +136,48 @@ class Sender:
                 raise
         return results_of(tx)
 
+    @staticmethod
+    async def send_one(tx: AsyncTransactionOfMany, message: Message, parts: Parts) -> None:
+        """``tx.send(message)``, tried again while it raises (the last :class:`PrepareError` is raised)."""
+        tries = 1
+        while True:
+            try:
+                parts.returned(await tx.send(message))
+                return
+            except PrepareError as exc:
+                if not parts.raised(exc, tries):
+                    raise
+            tries += 1
+            await asyncio.sleep(RETRY_PAUSE)
+
     async def send(self, own: Ledger, n: int, behaviour: str, messages: tuple[Message, ...], handle: bool) -> None:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        parts, mark = Parts(dict(messages[0].properties or {})["order"]), " (handle)" if handle else ""
         try:
             if handle:
                 self.by_handle += 1
-                results = await self.with_handle(messages, behaviour)
+                results = await self.with_handle(messages, behaviour, parts)
             elif len(messages) == 1:
                 results = [await self.producer.send_message_in_transaction(messages[0], behaviour)]
             else:
                 results = await self.producer.send_messages_in_transaction(list(messages), behaviour)
         except PrepareError as exc:
             logger.warning("order %s: %s", messages[0].keys, exc)
-            await asyncio.to_thread(own.finish_attempt, n, None, "prepare_failed")
+            await asyncio.to_thread(own.finish_attempt, n, None, "prepare_failed" + mark, parts.failed)
             return
         except Exception as exc:  # noqa: BLE001 - anything else is a finding: journal it and keep sending
             logger.exception("order %s: send raised", messages[0].keys)
-            await asyncio.to_thread(own.finish_attempt, n, None, f"raised {type(exc).__name__}")
+            await asyncio.to_thread(own.finish_attempt, n, None, f"raised {type(exc).__name__}", parts.failed)
             return
         finally:
             self.in_flight -= 1
         if not results:
-            await asyncio.to_thread(own.finish_attempt, n, None, "raised nothing, but the handle has no result")
+            message = "raised nothing, but the handle has no result"
+            await asyncio.to_thread(own.finish_attempt, n, None, message, parts.failed)
             return
         transaction_id, outcome = journal_of(results, self.service.fenced)
-        await asyncio.to_thread(own.finish_attempt, n, transaction_id, outcome + (" (handle)" if handle else ""))
+        await asyncio.to_thread(own.finish_attempt, n, transaction_id, outcome + mark, parts.failed)
 
     async def send_orders(self, config: dict[str, Any], slot: int, stop: asyncio.Event) -> bool:
         """Send this slot's orders in rounds of :data:`IN_FLIGHT`, ``rate`` per second; False if stopped first."""
@@ -173,7 +195,8 @@ class Sender:
             sends = []
             for k in range(n, min(n + IN_FLIGHT, quota)):
                 order_id, behaviour, messages, choice = order(config, slot, k)
-                handle = behaviour != "raise_row" and choice.random() < HANDLE_SHARE
+                share = HANDLE_SHARE if len(messages) == 1 else handle_many_share(config)
+                handle = behaviour != "raise_row" and choice.random() < share
                 await asyncio.to_thread(own.begin_attempt, k, order_id, behaviour)
                 sends.append(self.send(own, k, behaviour, messages, handle))
             await asyncio.gather(*sends)

@@ -3,12 +3,18 @@
 
 The services keep their orders in SQLite ledgers, one per producer slot, or, given a ``database_url`` (the PostgreSQL
 variant), in PostgreSQL: the order service's orders and transaction log, the consumer group's invoices and inbox
-(:mod:`.pg_databases`). The journal of sends is a slot's SQLite ledger in both."""
+(:mod:`.pg_databases`). The journal of sends is a slot's SQLite ledger in both.
+
+``replicated`` (the replica variant): the redis-server has a replica of its own, and every producer and checker
+writes at durability ``replica`` (:data:`DURABILITY`), so that the fault ``replica_stall`` (a SIGSTOPped replica)
+makes their prepares, decisions and ends fall short of their confirmation."""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -25,7 +31,7 @@ from redis_txmq import create_topic
 from .ledger import Ledger
 from .producer_worker import kill_flag
 from .proxy import FaultProxy
-from .redis_server import RedisServer
+from .redis_server import RedisServer, ReplicaServer
 
 ROOT = Path(__file__).resolve().parents[2]
 TXMQ = str(Path(sys.executable).parent / "txmq")
@@ -35,6 +41,15 @@ TOPICS = {"orders": 1, "payments": 2}
 """Topic -> partitions: one plain topic, one partitioned."""
 SETTINGS = {"transaction_timeout": 1.0, "check_interval": 1.0, "check_max": 100, "claim_idle": 2.0}
 HEARTBEAT_INTERVAL = 0.5
+DURABILITY = {"durability": "replica", "durability_replicas": 1, "durability_timeout": 0.3}
+"""The replica variant's level, for the producers and the checkers: a write the replica has not acknowledged within
+0.3 s is a shortfall (a prepare raises PrepareError, an end is the send's end error, a decision or the mark of a
+failed send raises DurabilityError), although the master applied it."""
+REPLICA_SHARE = 0.6
+"""The replica variant sends this share of the orders of the other variants (CI time)."""
+REPLICA_MIX = {"many_share": 0.4, "handle_many_share": 0.75}
+"""The replica variant's orders: twice the share of orders of several messages, most of them sent with ``tx.send``
+(whose shortfalls the services retry), so that every stall catches some of them mid-way."""
 CONSUMER = {"min_idle_time": 2.0}
 ASYNC_SLOT = 1
 """The producer slot served by the asyncio producer (:mod:`.async_producer_worker`); the last slot is one-way."""
@@ -56,6 +71,11 @@ class Sizes:
     consumers: int = 3
 
 
+def replica_sizes(sizes: Sizes) -> Sizes:
+    """The replica variant's sizes: :data:`REPLICA_SHARE` of the transactions, at the same rate."""
+    return dataclasses.replace(sizes, transactions=max(1, math.ceil(sizes.transactions * REPLICA_SHARE)))
+
+
 def sizes_from_env() -> Sizes:
     """``TXMQ_FAULT_TRANSACTIONS`` (default 1000) and ``TXMQ_FAULT_RATE`` (transactions per second, default 25)."""
     defaults = Sizes()
@@ -68,10 +88,11 @@ def sizes_from_env() -> Sizes:
 class Worker:
     """A subprocess that faults may SIGKILL; its output goes to one log file across restarts."""
 
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
         self.log = log
+        self.env = env or {}
         self.starts = 0
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -79,6 +100,7 @@ class Worker:
         self.starts += 1
         env = {k: v for k, v in os.environ.items() if not k.startswith("TXMQ_")}
         env |= {"PYTHONPATH": str(ROOT), "TXMQ_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL), "COLUMNS": "200"}
+        env |= self.env
         with self.log.open("ab") as out:
             out.write(f"=== start {self.starts}\n".encode())
             out.flush()
@@ -131,7 +153,10 @@ class System:
     sizes: Sizes
     database_url: str | None = None
     """The PostgreSQL database (an empty schema) of the services, or None for SQLite ledgers."""
+    replicated: bool = False
+    """The replica variant: Redis with a replica, the services at durability ``replica`` (:data:`DURABILITY`)."""
     server: RedisServer = field(init=False)
+    replica: ReplicaServer | None = field(init=False, default=None)
     proxy: FaultProxy = field(init=False)
     ledgers: list[Ledger] = field(init=False)
     deliveries: Path = field(init=False)
@@ -146,7 +171,12 @@ class System:
         (self.workdir / "logs").mkdir()
         self.deliveries = self.workdir / "deliveries"
         self.deliveries.mkdir()
-        self.server = RedisServer(self.workdir / "redis")
+        # a master restarted by a fault gets a new replication id: its replica resyncs in full, at once
+        master_args = ("--repl-diskless-sync-delay", "0") if self.replicated else ()
+        self.server = RedisServer(self.workdir / "redis", master_args)
+        if self.replicated:
+            (self.workdir / "replica").mkdir()
+            self.replica = ReplicaServer(self.workdir / "replica", self.server)
         self.proxy = FaultProxy(self.server.port)
         self.ledgers = [Ledger(self.workdir / f"service-{slot}.sqlite") for slot in range(self.sizes.producers)]
 
@@ -166,6 +196,13 @@ class System:
         self.server.start()
         self.proxy.start()
         client = self.client()
+        if self.replica is not None:
+            self.replica.start()
+            deadline = time.monotonic() + 30
+            while not self.replica.acknowledges(client):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the replica on port {self.replica.port} does not acknowledge writes")
+                time.sleep(0.1)
         for topic, partitions in TOPICS.items():
             if partitions > 1:
                 create_topic(client, topic, partitions)
@@ -179,12 +216,19 @@ class System:
             "--check-max": SETTINGS["check_max"],
             "--claim-idle": SETTINGS["claim_idle"],
         }
+        checker_env: dict[str, str] = {}
+        if self.replicated:
+            checker_options["--durability"] = DURABILITY["durability"]
+            checker_env = {
+                "TXMQ_DURABILITY_REPLICAS": str(DURABILITY["durability_replicas"]),
+                "TXMQ_DURABILITY_TIMEOUT": str(DURABILITY["durability_timeout"]),
+            }
         checker = [TXMQ, "--log-level", "INFO", "checker", *(str(x) for kv in checker_options.items() for x in kv)]
         self.producers = [
             self._worker("producer", i, [sys.executable, "-m", producer_module(i), str(config), str(i)])
             for i in range(self.sizes.producers)
         ]
-        self.checkers = [self._worker("checker", i, checker) for i in range(self.sizes.checkers)]
+        self.checkers = [self._worker("checker", i, checker, checker_env) for i in range(self.sizes.checkers)]
         self.consumers = [
             self._worker("consumer", i, [sys.executable, "-m", "tests.faults.consumer_worker", str(config), str(i)])
             for i in range(self.sizes.consumers)
@@ -192,8 +236,8 @@ class System:
         for worker in self.workers:
             worker.start()
 
-    def _worker(self, kind: str, index: int, argv: list[str]) -> Worker:
-        return Worker(f"{kind}-{index}", argv, self.workdir / "logs" / f"{kind}-{index}.log")
+    def _worker(self, kind: str, index: int, argv: list[str], env: dict[str, str] | None = None) -> Worker:
+        return Worker(f"{kind}-{index}", argv, self.workdir / "logs" / f"{kind}-{index}.log", env)
 
     def _config(self) -> dict[str, Any]:
         count, slots = self.sizes.transactions, self.sizes.producers
@@ -210,9 +254,9 @@ class System:
             "rate": self.sizes.rate / slots,
             "oneway_slots": [slots - 1] if slots > 1 else [],
             "consumer_loops": list(CONSUMER_LOOPS),
-            "settings": SETTINGS | {"heartbeat_interval": HEARTBEAT_INTERVAL},
+            "settings": SETTINGS | {"heartbeat_interval": HEARTBEAT_INTERVAL} | (DURABILITY if self.replicated else {}),
             "consumer": CONSUMER,
-        }
+        } | (REPLICA_MIX if self.replicated else {})
 
     def committed(self) -> dict[str, str]:
         """The ground truth: transaction id -> topic of every committed order."""
@@ -287,8 +331,8 @@ class System:
         return "\n".join(f"--- {worker.name}\n{worker.tail(lines)}" for worker in self.workers)
 
     def stop(self) -> None:
-        """SIGTERM to every worker, SIGKILL to those still running 5 s later; then the proxy and Redis. Safe after
-        a failed :meth:`start`."""
+        """SIGTERM to every worker, SIGKILL to those still running 5 s later; then the proxy, Redis and its replica.
+        Safe after a failed :meth:`start`."""
         deadline = time.monotonic() + 5
         for worker in self.workers:
             worker.terminate()
@@ -299,3 +343,5 @@ class System:
             ledger.close()
         self.proxy.stop()
         self.server.stop()
+        if self.replica is not None:
+            self.replica.stop()

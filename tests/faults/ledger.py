@@ -8,8 +8,10 @@ for an order that commits a moment later. ``attempts`` is the service's journal 
 resuming after a restart.
 
 An order row's ``topic`` is its message's topic, or, for a transaction of several messages, the topics of its
-messages in order, separated by spaces (:func:`recorded_topics`); :func:`expected_messages` turns the rows into the
-messages the topic streams must hold."""
+messages by index, separated by spaces (:func:`recorded_topics`), with :data:`VOID` at the index of a send that
+raised (the service sent that message again, under the next index): :func:`expected_messages` turns the rows into the
+messages the topic streams must hold, :func:`voided_messages` into those that must never be visible. The journal
+counts such sends per order (``failed_sends``)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ CREATE TABLE IF NOT EXISTS orders (
     transaction_id TEXT PRIMARY KEY, status TEXT NOT NULL, order_id TEXT, topic TEXT
 );
 CREATE TABLE IF NOT EXISTS attempts (
-    n INTEGER PRIMARY KEY, order_id TEXT NOT NULL, behaviour TEXT NOT NULL, transaction_id TEXT, outcome TEXT
+    n INTEGER PRIMARY KEY, order_id TEXT NOT NULL, behaviour TEXT NOT NULL, transaction_id TEXT, outcome TEXT,
+    failed_sends INTEGER NOT NULL DEFAULT 0
 );
 """
 
@@ -38,17 +41,31 @@ def recorded_topics(message: Message) -> str:
     return dict(message.properties or {}).get("parts") or message.topic
 
 
+VOID = "-"
+"""What an order row of several messages records at the index of a send that raised: never to be published."""
+
+
 def expected_messages(committed: dict[str, str]) -> dict[str, str]:
     """Transaction id -> topic of every message the committed orders must have published: an order of several
-    messages ``X`` published message ``i`` as ``X.i``."""
+    messages ``X`` published message ``i`` as ``X.i`` (unless its send raised)."""
     expected: dict[str, str] = {}
     for transaction_id, recorded in committed.items():
         topics = recorded.split()
         if len(topics) == 1:
             expected[transaction_id] = recorded
         else:
-            expected |= {f"{transaction_id}.{i}": topic for i, topic in enumerate(topics)}
+            expected |= {f"{transaction_id}.{i}": topic for i, topic in enumerate(topics) if topic != VOID}
     return expected
+
+
+def voided_messages(committed: dict[str, str]) -> set[str]:
+    """The messages of committed orders whose send raised (the order went on without them): never visible."""
+    return {
+        f"{transaction_id}.{i}"
+        for transaction_id, recorded in committed.items()
+        for i, topic in enumerate(recorded.split())
+        if topic == VOID
+    }
 
 
 class Ledger:
@@ -87,8 +104,15 @@ class Ledger:
     def begin_attempt(self, n: int, order_id: str, behaviour: str) -> None:
         self._write("INSERT OR REPLACE INTO attempts (n, order_id, behaviour) VALUES (?, ?, ?)", n, order_id, behaviour)
 
-    def finish_attempt(self, n: int, transaction_id: str | None, outcome: str) -> None:
-        self._write("UPDATE attempts SET transaction_id = ?, outcome = ? WHERE n = ?", transaction_id, outcome, n)
+    def finish_attempt(self, n: int, transaction_id: str | None, outcome: str, failed_sends: int = 0) -> None:
+        """The outcome of send ``n``; ``failed_sends``: its sends of one message that raised and were tried again."""
+        self._write(
+            "UPDATE attempts SET transaction_id = ?, outcome = ?, failed_sends = ? WHERE n = ?",
+            transaction_id,
+            outcome,
+            failed_sends,
+            n,
+        )
 
     def attempts_made(self) -> int:
         (count,) = self._db().execute("SELECT count(*) FROM attempts").fetchone()
@@ -97,6 +121,13 @@ class Ledger:
     def outcomes(self) -> collections.Counter[str]:
         """How the sends ended, by outcome (``killed`` for sends whose process died before recording one)."""
         rows = self._db().execute("SELECT coalesce(outcome, 'killed'), count(*) FROM attempts GROUP BY 1")
+        return collections.Counter({outcome: int(count) for outcome, count in rows})
+
+    def failed_sends(self) -> collections.Counter[str]:
+        """Sends of one message that raised inside a transaction of several, by the outcome of their order."""
+        rows = self._db().execute(
+            "SELECT coalesce(outcome, 'killed'), sum(failed_sends) FROM attempts WHERE failed_sends > 0 GROUP BY 1"
+        )
         return collections.Counter({outcome: int(count) for outcome, count in rows})
 
     def committed(self) -> dict[str, str]:

@@ -108,3 +108,28 @@ def deliveries(directory: Path) -> list[Delivery]:
             topic, stream, entry_id, transaction_id, count = line.split()
             found.append(Delivery(topic, stream, entry_id, transaction_id, int(count)))
     return found
+
+
+SHORTFALLS = (
+    ("tx.send", "a send raised (try"),
+    ("prepare", "the half message is on the master but"),
+    ("end", "is applied on the master but"),
+    ("pipelined ends", "end calls applied on the master but"),
+)
+"""What a durability shortfall logged by a service fell short on, by a phrase of its message (the first that
+matches): a ``tx.send`` of a message of several that raised (:class:`~.producer_worker.Parts`), a prepare that
+raised, a send's end, ends sent in one pipeline; any other (a decision, or the mark of a failed send, of a
+transaction of several messages) counts as ``decision or mark``."""
+
+
+def shortfalls(logs: Path) -> collections.Counter[str]:
+    """Durability shortfalls in the workers' logs (the replica variant), counted by ``<worker kind> <what>``: each
+    is a write the master applied and the replica did not acknowledge in time."""
+    counted: collections.Counter[str] = collections.Counter()
+    for log in sorted(logs.glob("*.log")):
+        kind = log.stem.rpartition("-")[0]
+        for line in log.read_text(errors="replace").splitlines():
+            if "not confirmed as durable" in line:
+                what = next((name for name, phrase in SHORTFALLS if phrase in line), "decision or mark")
+                counted[f"{kind} {what}"] += 1
+    return counted

@@ -34,7 +34,7 @@ orders = Table(
     metadata,
     Column("transaction_id", String(64), primary_key=True),
     Column("order_id", String(64), nullable=False, unique=True),
-    Column("topic", String(64), nullable=False),
+    Column("topic", String(255), nullable=False),
 )
 invoices = Table(
     "invoices",

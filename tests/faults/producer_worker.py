@@ -7,9 +7,12 @@ after a restart), touches ``<ledger>.done``, then keeps answering check-backs un
 The asyncio producer's slot is served by :mod:`.async_producer_worker` instead, with the same orders and ledger.
 
 A share of the orders (:data:`MANY_SHARE`) is a transaction of several messages over both topics and their
-partitions (``send_messages_in_transaction``). While the slot's :func:`kill_flag` file exists, the next such
-transaction that is decided SIGKILLs its process after the decision and a random number of its messages' ends
-(the fault ``decided``): the checker must finish the roll-forward or roll-back from the decision.
+partitions (``send_messages_in_transaction``, or, for a share of them, :data:`HANDLE_MANY_SHARE`, ``with
+producer.transaction() as tx`` and a ``tx.send`` per message: a send that raises is tried again, up to
+:data:`SEND_TRIES` times, and the order row records which index each message took, :class:`Parts`). While the
+slot's :func:`kill_flag` file exists, the next such transaction that is decided SIGKILLs its process after the
+decision and a random number of its messages' ends (the fault ``decided``): the checker must finish the
+roll-forward or roll-back from the decision.
 
 Where the orders live (:func:`order_book`): each slot's SQLite ledger, or, when the config has a ``database_url``,
 the service's PostgreSQL database with its transaction log (:mod:`.pg_databases`); the journal of sends stays in the
@@ -44,8 +47,9 @@ from redis_txmq import (
     TxMQError,
 )
 from redis_txmq.sending import HandleState
+from redis_txmq.transaction import TransactionOfMany
 
-from .ledger import Ledger, recorded_topics
+from .ledger import VOID, Ledger, recorded_topics
 
 logger = logging.getLogger("faults.producer")
 
@@ -59,14 +63,26 @@ and the end call, which only the check-back can repair."""
 
 
 MANY_SHARE = 0.2
-"""Share of the orders sent as a transaction of several messages (:data:`MANY_PARTS` of them)."""
+"""Share of the orders sent as a transaction of several messages (:data:`MANY_PARTS` of them); the config's
+``many_share`` when it has one (the replica variant sends more)."""
 MANY_PARTS = (2, 4)
 """How many messages such an order sends, at least and at most: each on a topic and key of its own draw."""
 
 
+HANDLE_MANY_SHARE = 0.5
+"""Share of the orders of several messages (not ``raise_row``: a block that raises rolls back) sent through a
+transaction handle, one ``tx.send`` per message; the config's ``handle_many_share`` when it has one."""
+SEND_TRIES = 4
+"""How often a service tries to send one message of a transaction of several through ``tx.send`` before it gives
+up the order (the block raises: ROLLBACK); a send that raised is never published, the next try takes a new index."""
+RETRY_PAUSE = 0.1
+"""Seconds between two tries of one message."""
+
+
 class Order(NamedTuple):
     """Order ``<slot>-<n>``: what its local transaction does and the messages it sends (one, or several in one
-    transaction: every one carries the order's topics in the property ``parts``, which the ground truth records)."""
+    transaction: every one carries the order's topics in the property ``parts``, which the ground truth records;
+    sent through a handle, the row records the index each message took instead, :meth:`Parts.row`)."""
 
     order_id: str
     behaviour: str
@@ -81,7 +97,7 @@ def order(config: dict[str, Any], slot: int, n: int) -> Order:
     behaviour = choice.choices(list(BEHAVIOURS), weights=list(BEHAVIOURS.values()))[0]
     order_id = f"{slot}-{n}"
     properties = {"service": str(slot), "order": order_id}
-    if choice.random() >= MANY_SHARE:
+    if choice.random() >= config.get("many_share", MANY_SHARE):
         body = json.dumps({"order": order_id}).encode()
         message = Message(choice.choice(config["topics"]), body, keys=order_id, properties=properties)
         return Order(order_id, behaviour, (message,), choice)
@@ -111,6 +127,43 @@ def journal_of(results: list[TransactionSendResult], fenced: set[str]) -> tuple[
     outcome = outcome_of(results[0], fenced, transaction_id).split()[0]
     failed = sum(1 for result in results if result.end_error)
     return transaction_id, f"{outcome} (of {len(results)})" + (f" end_error {failed}" if failed else "")
+
+
+def handle_many_share(config: dict[str, Any]) -> float:
+    """The share of the orders of several messages that go through a transaction handle."""
+    return float(config.get("handle_many_share", HANDLE_MANY_SHARE))
+
+
+class Parts:
+    """The messages of an order of several sent through a handle's ``tx.send``: the index each send that returned
+    took (``<transaction id>.<index>``) and how many sends raised; :meth:`row` is what the order row records."""
+
+    def __init__(self, order_id: str) -> None:
+        self.order_id = order_id
+        self.topics: dict[int, str] = {}
+        self.failed = 0
+
+    def returned(self, sent: Message) -> None:
+        self.topics[int((sent.transaction_id or "").rpartition(".")[2])] = sent.topic
+
+    def raised(self, exc: PrepareError, tries: int) -> bool:
+        """Note a send that raised; True if the message is to be tried again."""
+        self.failed += 1
+        logger.warning("order %s: a send raised (try %d of %d): %s", self.order_id, tries, SEND_TRIES, exc)
+        return tries < SEND_TRIES
+
+    def row(self, first: Message, transaction_id: str) -> Message:
+        """The message the order row is written from: the transaction's id, and in ``parts`` the topic of each index
+        (:data:`VOID` where the send raised)."""
+        row = first.copy_for_send(transaction_id)
+        indices = range(max(self.topics) + 1)
+        row.properties = {**(row.properties or {}), "parts": " ".join(self.topics.get(i, VOID) for i in indices)}
+        return row
+
+
+class LeftToCheckBack(BaseException):
+    """Leaves a sync handle's block as an interruption would (not an ``Exception``): the transaction stays UNKNOWN,
+    for the check-back."""
 
 
 KILL_AFTER_DECISION = ".kill-after-decision"
@@ -259,6 +312,44 @@ def start_producer(
                 raise SystemExit(0) from exc
 
 
+def send_with_handle(
+    producer: TransactionProducer, service: OrderService, messages: tuple[Message, ...], behaviour: str, parts: Parts
+) -> list[TransactionSendResult]:
+    """An order of several messages as the body of ``with producer.transaction() as tx``, each message sent with
+    ``tx.send`` (tried again when it raises); COMMIT by leaving the block, ROLLBACK by ``tx.rollback()`` or by
+    raising, UNKNOWN by :class:`LeftToCheckBack`. Raises the last :class:`PrepareError` of a message that could not
+    be sent (the transaction is rolled back)."""
+    tx = producer.transaction()
+    assert isinstance(tx, TransactionOfMany)
+    try:
+        with tx:
+            for message in messages:
+                tries = 1
+                while True:
+                    try:
+                        parts.returned(tx.send(message))
+                        break
+                    except PrepareError as exc:
+                        if not parts.raised(exc, tries):
+                            raise
+                    tries += 1
+                    time.sleep(RETRY_PAUSE)
+            if behaviour in WRITES_ROW and not service.book.commit_order(parts.row(messages[0], tx.transaction_id)):
+                service.fenced.add(tx.transaction_id)
+                tx.rollback()
+                return tx.results
+            time.sleep(AFTER_COMMIT)
+            if behaviour == "rollback":
+                tx.rollback()
+            elif behaviour == "raise":
+                raise LocalTransactionFailed(behaviour)
+            elif behaviour.startswith("unknown"):
+                raise LeftToCheckBack(behaviour)
+    except (LocalTransactionFailed, LeftToCheckBack):
+        pass
+    return tx.results
+
+
 def send_orders(
     producer: TransactionProducer, service: OrderService, config: dict[str, Any], slot: int, stop: threading.Event
 ) -> bool:
@@ -270,22 +361,30 @@ def send_orders(
         if stop.wait(max(0.0, next_at - time.monotonic())):
             return False
         next_at = max(next_at + interval, time.monotonic())
-        order_id, behaviour, messages, _ = order(config, slot, n)
+        order_id, behaviour, messages, choice = order(config, slot, n)
+        handle = len(messages) > 1 and behaviour != "raise_row" and choice.random() < handle_many_share(config)
+        mark, parts = " (handle)" if handle else "", Parts(order_id)
         own.begin_attempt(n, order_id, behaviour)
         try:
-            if len(messages) == 1:
+            if handle:
+                results = send_with_handle(producer, service, messages, behaviour, parts)
+            elif len(messages) == 1:
                 results = [producer.send_message_in_transaction(messages[0], behaviour)]
             else:
                 results = producer.send_messages_in_transaction(list(messages), behaviour)
         except PrepareError as exc:
             logger.warning("order %s: %s", order_id, exc)
-            own.finish_attempt(n, None, "prepare_failed")
+            own.finish_attempt(n, None, "prepare_failed" + mark, parts.failed)
             continue
         except Exception as exc:  # noqa: BLE001 - anything else is a finding: journal it and keep sending
             logger.exception("order %s: send raised", order_id)
-            own.finish_attempt(n, None, f"raised {type(exc).__name__}")
+            own.finish_attempt(n, None, f"raised {type(exc).__name__}", parts.failed)
             continue
-        own.finish_attempt(n, *journal_of(results, service.fenced))
+        if not results:
+            own.finish_attempt(n, None, "raised nothing, but the handle has no result", parts.failed)
+            continue
+        transaction_id, outcome = journal_of(results, service.fenced)
+        own.finish_attempt(n, transaction_id, outcome + mark, parts.failed)
     return True
 
 

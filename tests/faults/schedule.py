@@ -17,6 +17,17 @@ SIGKILLs itself between the decision of its next transaction of several messages
 A reset comes while the proxy holds the traffic of the last ``latency`` seconds: commands that reached Redis lose
 their reply, and redis-py's retries of them must change nothing."""
 
+REPLICA_KINDS = ("replica_stall",)
+"""Faults of the replica variant only (:attr:`System.replica`): ``replica_stall`` SIGSTOPs the replica for 1-3 s,
+then SIGCONTs it. The services write at durability ``replica`` with a short timeout, so every prepare (of one
+message, or one ``tx.send`` of several), decision, mark of a failed send and end meanwhile is applied on the master
+but falls short of its confirmation."""
+REPLICA_STALL_SHARE = 0.6
+"""In the replica variant, the chance that a replica stall comes after each other fault (never two in a row, so
+that the other kinds keep their pace): three faults in eight are stalls."""
+LASTING = ("blackhole", "delay", "replica_stall")
+"""Faults that last ``seconds`` (1-3 s)."""
+
 
 DECIDED_WAIT = 10.0
 """How long a ``decided`` fault waits for the producer's next decision of several messages before it falls back to
@@ -45,18 +56,39 @@ class Fault:
             return f"SIGKILL redis, down {self.seconds:.1f} s"
         if self.kind == "decided":
             return f"SIGKILL producer #{self.target} after its next decision, down {self.seconds:.1f} s"
+        if self.kind == "replica_stall":
+            return f"SIGSTOP the replica for {self.seconds:.1f} s"
         return f"SIGKILL {self.kind} #{self.target}, down {self.seconds:.1f} s"
 
 
-def plan(seed: int) -> Iterator[Fault]:
-    """Endless faults from ``seed``: every kind once in a shuffled order, then kinds at random."""
+def kinds_of(system: System) -> tuple[str, ...]:
+    """The kinds of fault ``system`` can take: :data:`KINDS`, and :data:`REPLICA_KINDS` when it has a replica."""
+    return KINDS + REPLICA_KINDS if system.replica is not None else KINDS
+
+
+def plan(seed: int, kinds: tuple[str, ...] = KINDS, favoured: str | None = None, share: float = 0.0) -> Iterator[Fault]:
+    """Endless faults from ``seed``: every kind once in a shuffled order, then kinds at random; ``favoured``, when
+    given, comes after each of them with probability ``share``."""
     rng = random.Random(seed)
-    first = list(KINDS)
+    first = list(kinds)
     rng.shuffle(first)
+    kind = ""
     while True:
-        kind = first.pop(0) if first else rng.choice(KINDS)
-        seconds = rng.uniform(1.0, 3.0) if kind in ("blackhole", "delay") else rng.uniform(0.1, 1.5)
+        if favoured is not None and kind != favoured and rng.random() < share:
+            kind = favoured
+        elif first:
+            kind = first.pop(0)
+        else:
+            kind = rng.choice(kinds)
+        seconds = rng.uniform(1.0, 3.0) if kind in LASTING else rng.uniform(0.1, 1.5)
         yield Fault(kind, seconds, rng.uniform(0.02, 0.3), rng.randrange(1000), rng.uniform(1.0, 3.0))
+
+
+def plan_of(system: System) -> Iterator[Fault]:
+    """The seeded plan of ``system``: replica stalls favoured in the replica variant."""
+    if system.replica is None:
+        return plan(system.seed)
+    return plan(system.seed, kinds_of(system), "replica_stall", REPLICA_STALL_SHARE)
 
 
 def inject(fault: Fault, system: System) -> bool:
@@ -74,6 +106,15 @@ def inject(fault: Fault, system: System) -> bool:
         system.server.kill()
         time.sleep(fault.seconds)
         system.server.start()
+    elif fault.kind == "replica_stall":
+        replica = system.replica
+        if replica is None:
+            raise ValueError("replica_stall needs the replica variant (System(replicated=True))")
+        replica.stall()
+        try:
+            time.sleep(fault.seconds)
+        finally:
+            replica.resume()
     elif fault.kind == "decided":
         sending = [slot for slot in range(len(system.producers)) if not system.sent(slot)]
         slot = (sending or list(range(len(system.producers))))[fault.target % (len(sending) or len(system.producers))]

@@ -3,9 +3,12 @@ local transactions commit, roll back, answer UNKNOWN with or without their row, 
 transactions of several messages over both topics) while the proxy resets, blackholes and delays every connection,
 Redis is SIGKILLed and restarted, and producers, checkers and consumers are SIGKILLed and restarted, producers also
 between the decision of a transaction of several messages and the end of its messages. Then the faults stop and the
-run settles; the services' ledgers are the ground truth. It runs twice: the services keeping their orders in SQLite
-ledgers, and on PostgreSQL with the transaction log answering the check-backs and the consumers applying each
-message through the inbox (every committed order invoiced exactly once, whatever was redelivered).
+run settles; the services' ledgers are the ground truth. It runs three times: the services keeping their orders in
+SQLite ledgers; on PostgreSQL with the transaction log answering the check-backs and the consumers applying each
+message through the inbox (every committed order invoiced exactly once, whatever was redelivered); and with a
+replica behind Redis, every write at durability ``replica`` and the replica SIGSTOPped now and then, so that
+prepares, decisions and ends fall short of their confirmation (fewer orders). A message of several whose
+``tx.send`` raised is sent again by the service and must never be visible itself.
 
 ``TXMQ_FAULT_SEED`` replays a run's faults and transactions, ``TXMQ_FAULT_TRANSACTIONS`` sets the count,
 ``TXMQ_FAULT_RATE`` the pace (transactions per second); ``scripts/fault-soak`` runs a longer one."""
@@ -19,9 +22,9 @@ import pytest
 import redis
 
 from .harness import System, sizes_from_env
-from .ledger import expected_messages
-from .observe import deliveries, leftovers, op_records, topic_entries
-from .schedule import KINDS, inject, plan
+from .ledger import expected_messages, voided_messages
+from .observe import deliveries, leftovers, op_records, shortfalls, topic_entries
+from .schedule import inject, kinds_of, plan_of
 
 SIZES = sizes_from_env()
 DECIDED_MISSED = "decided (none came in time: a plain SIGKILL)"
@@ -34,10 +37,11 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(max(240, int(120 + 3 * SIZ
 def run_faults(system: System) -> collections.Counter[str]:
     """Inject seeded faults until every order is sent and every kind of fault was injected; returns the counts."""
     applied: collections.Counter[str] = collections.Counter()
+    kinds = set(kinds_of(system))
     started = time.monotonic()
     deadline = started + 60 + 3 * system.sizes.transactions / system.sizes.rate
-    for fault in plan(system.seed):
-        if system.all_sent() and len(applied.keys() & set(KINDS)) == len(KINDS):
+    for fault in plan_of(system):
+        if system.all_sent() and kinds <= applied.keys():
             return applied
         if time.monotonic() > deadline:
             pytest.fail(f"seed {system.seed}: the producers did not send their orders in time\n{system.logs()}")
@@ -95,6 +99,8 @@ def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
     entries = topic_entries(client)
     received = deliveries(system.deliveries)
     outcomes = sum((ledger.outcomes() for ledger in system.ledgers), collections.Counter[str]())
+    failed_sends = sum((ledger.failed_sends() for ledger in system.ledgers), collections.Counter[str]())
+    voided = voided_messages(committed)
     restarts = {w.name: w.starts - 1 for w in system.workers if w.starts > 1}
     unique = {(d.stream, d.id) for d in received}
     fault_report += [
@@ -109,9 +115,16 @@ def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
         f"{system.proxy.connections_made} connections through the proxy",
         "unexpected exits: "
         + ("; ".join(f"{e.worker} status {e.status} ({e.last_line})" for e in system.exits) or "none"),
+        f"sends of one message of several (tx.send) that raised and were tried again, by their order's outcome: "
+        f"{counted(failed_sends)}; {len(voided)} in committed orders, which went on without them",
         f"time: {sent - began:.1f} s sending under faults, {settled - sent:.1f} s settling, "
         f"{time.monotonic() - began:.1f} s in all",
     ]
+    fell_short = shortfalls(system.workdir / "logs") if system.replica is not None else collections.Counter[str]()
+    if system.replica is not None:
+        fault_report.insert(
+            -1, f"replica: {system.replica.stalls} stalls; durability shortfalls logged: {counted(fell_short)}"
+        )
 
     seed = f"seed {system.seed}"
     assert applied["decided"] > applied[DECIDED_MISSED], (
@@ -119,6 +132,10 @@ def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
     )
     twice = {tx: found for tx, found in entries.items() if len(found) > 1}
     assert not twice, f"{seed}: transactions appended more than once: {twice}"
+    published = sorted(voided & entries.keys())
+    assert not published, (
+        f"{seed}: messages whose send raised are visible (their order went on without them): {published}"
+    )
     missing = truth.keys() - entries.keys()
     assert not missing, f"{seed}: messages of committed orders missing from the topic streams: {sorted(missing)}"
     phantoms = entries.keys() - truth.keys()
@@ -133,6 +150,10 @@ def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
     assert not raised, f"{seed}: sends raised something else than PrepareError (see the producers' logs): {raised}"
     left = {name: count for name, count in leftovers(client).items() if count}
     assert not left, f"{seed}: left in flight, unanswered or dead-lettered: {left}"
+    if system.replica is not None:
+        assert fell_short["producer prepare"], f"{seed}: no prepare fell short of its durability confirmation"
+        assert fell_short["producer tx.send"], f"{seed}: no tx.send of a message of several fell short"
+        assert voided, f"{seed}: no committed order went on after a send of one of its messages raised"
     billed = system.billed()
     if billed is not None:
         fault_report.append(f"invoices: {sum(billed.values())} for {len(billed)} transactions")
