@@ -109,22 +109,42 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
 
 
 WRITE_JOBS_READ = 1000
-"""How many of the oldest unsettled write jobs :func:`write_jobs` reads the decision of."""
+"""How many unsettled write jobs :func:`write_jobs` reads the record of."""
 
 
 def write_jobs(client: Any, now_ms: int) -> dict[str, Any]:
     """The Spark write jobs not settled yet (``txmq:jobs``): how many, how many of them (among the
-    :data:`WRITE_JOBS_READ` oldest) are decided and wait for their publishing to finish, and the oldest one's age. A
-    job stays listed while its driver runs it; one left by a dead driver is settled by ``txmq checker``."""
-    listed = client.zrange(JOB_REGISTRY, 0, WRITE_JOBS_READ - 1, withscores=True)
-    decided = 0
-    if listed:
+    :data:`WRITE_JOBS_READ` read) are decided and wait for their publishing to finish, the oldest one's age (since
+    its first lease, or its decision), and how many are parked for an operator (rows that cannot be published; their
+    reasons in ``parked_reasons``, at most ten). A job stays listed while its driver runs it; one left by a dead
+    driver is settled by ``txmq checker``."""
+    listed = client.zrange(JOB_REGISTRY, 0, WRITE_JOBS_READ - 1)
+    parked = client.zrangebyscore(JOB_REGISTRY, "+inf", "+inf", start=0, num=10)
+    decided, starts, reasons = 0, [], []
+    if listed or parked:
         pipe = client.pipeline(transaction=False)
-        for member, _ in listed:
-            pipe.hexists(entries.text(member) or "", "outcome")
-        decided = sum(1 for found in pipe.execute() if found)
-    oldest = max(0.0, (now_ms - listed[0][1]) / 1000) if listed else None
-    return {"unsettled": int(client.zcard(JOB_REGISTRY)), "decided": decided, "oldest_age_seconds": oldest}
+        for member in listed:
+            pipe.hmget(entries.text(member) or "", "outcome", "started_ms", "decided_ms")
+        for member in parked:
+            pipe.hget(entries.text(member) or "", "parked")
+        replies = pipe.execute()
+        for outcome, started, decided_ms in replies[: len(listed)]:
+            decided += outcome is not None
+            since = started or decided_ms
+            if since is not None:
+                starts.append(int(since))
+        reasons = [
+            {"job": entries.text(member), "reason": entries.text(reason)}
+            for member, reason in zip(parked, replies[len(listed) :], strict=True)
+        ]
+    oldest = max(0.0, (now_ms - min(starts)) / 1000) if starts else None
+    return {
+        "unsettled": int(client.zcard(JOB_REGISTRY)),
+        "decided": decided,
+        "oldest_age_seconds": oldest,
+        "parked": int(client.zcount(JOB_REGISTRY, "+inf", "+inf")),
+        "parked_reasons": reasons,
+    }
 
 
 def _levels(client: Any, instances_key: str, levels_key: str, live_from: int) -> dict[str, int]:

@@ -2,10 +2,13 @@
 
 Each task attempt writes its rows to stages of the job (:mod:`redis_txmq.jobs`): streams beside the topic streams,
 invisible to consumers, each entry a MessagePack array of up to a hundred rows, written by pipelined XADD from Arrow
-batches. The driver's ``commit`` decides once for the stages of the attempts Spark committed and publishes them;
-``abort`` rolls back; stages of failed or speculative attempts are deleted. A streaming micro-batch is a job keyed
-by the ``sinkId`` option and the batch id, whose decision also records the sink's last committed batch: a batch
-replayed after a restart publishes nothing new.
+batches; while it runs it renews the job's lease, so the checker leaves the job to its driver. The driver's
+``commit`` decides once for the stages of the attempts Spark committed and publishes them, checking that every row
+an attempt staged was published (else it raises: Spark fails the job); ``abort`` publishes a COMMIT that stands (a
+commit that raised after deciding) and otherwise rolls back; stages of failed or speculative attempts are deleted.
+A streaming micro-batch is a job keyed by the ``sinkId`` option and the batch id, whose decision also records the
+sink's last committed batch: a batch replayed after a restart publishes nothing new (and finishes the publishing of
+its decision that stands); an aborted undecided one deletes its stages and keeps its batch id free.
 Clients are made where they are used (writers are pickled to executors).
 """
 
@@ -31,12 +34,19 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 from redis.cluster import RedisCluster
 
 from redis_txmq.config import DEFAULT_REDIS_URL, Settings
-from redis_txmq.connection import hiredis_packer
+from redis_txmq.connection import REDIS_ERRORS, hiredis_packer
 from redis_txmq.durability import Durability
-from redis_txmq.errors import ConfigurationError, TxMQError
-from redis_txmq.jobs import ROWS_PER_STAGE_ENTRY, STAGE_ENTRY_BYTES, STAGE_ROWS_FIELD, WriteJob
+from redis_txmq.errors import ConfigurationError, TxMQConnectionError, TxMQError
+from redis_txmq.jobs import (
+    ROWS_PER_STAGE_ENTRY,
+    STAGE_ENTRY_BYTES,
+    STAGE_ROWS_FIELD,
+    JobNotCommittedError,
+    LeaseKeeper,
+    WriteJob,
+)
 from redis_txmq.keys import JobKeys, topic_meta_key
-from redis_txmq.message import DEFAULT_MAX_MESSAGE_SIZE, validate_name
+from redis_txmq.message import DEFAULT_MAX_MESSAGE_SIZE, LocalTransactionState, validate_name
 from redis_txmq.topics import count_of, partition_keys_of
 
 from .options import ConnectorOptions, SparkSourceError
@@ -54,6 +64,7 @@ WRITE_OPTIONS = {
     "durability": "master (default), replica or aof: what confirms stage writes, the decision and the publishing",
     "durability.replicas": "replicas that must have the writes at level replica, default 1",
     "durability.timeout": "seconds to wait for a confirmation, default 1.0",
+    "joblease": "seconds a job stays its driver's without a renewal by a running task, default 300",
 }
 SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
 """Options Spark itself passes to a writer (a save path, a streaming query's checkpoint and name)."""
@@ -72,15 +83,18 @@ class WriteOptions:
     sink_id: str | None = None
     write_batch_size: int = 1000
     settings: Settings = field(default_factory=Settings)
-    """The write job's settings: its durability level (for the stage writes, the decision and the publishing)."""
+    """The write job's settings: its durability level (for the stage writes, the decision and the publishing) and
+    its lease."""
 
 
 @dataclass
 class StagedRows(WriterCommitMessage):
-    """What one task attempt wrote: its stages (one per topic stream) and its row count."""
+    """What one task attempt wrote: its stages (one per topic stream), its row count and the rows of each stage
+    (the commit checks that each stage published as many)."""
 
     stages: list[str] = field(default_factory=list)
     rows: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def parse_write_options(
@@ -144,9 +158,12 @@ def parse_write_options(
             durability=given.get("durability", "master").strip().lower(),
             durability_replicas=replicas,
             durability_timeout=float(given.get("durability.timeout", "1.0")),
+            job_lease=float(given.get("joblease", Settings.job_lease)),
         )
     except (ValueError, ConfigurationError) as exc:
-        raise SparkSourceError(f"options durability, durability.replicas, durability.timeout: {exc}") from None
+        raise SparkSourceError(
+            f"options durability, durability.replicas, durability.timeout, jobLease: {exc}"
+        ) from None
     return WriteOptions(connection, topic, sink_id, size, settings)
 
 
@@ -348,6 +365,7 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
     attempt = f"{partition}-{context.taskAttemptId() if context else 0}-{os.urandom(4).hex()}"
     client = options.connection.client()
     job = WriteJob(client, keys, options.settings)
+    keeper = LeaseKeeper(job)
     router = _Router(client)
     stages: dict[str, str] = {}
     """Topic stream -> this attempt's stage for it."""
@@ -355,10 +373,15 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
     """Topic of one partition -> its stage: such a row needs no routing."""
     encode = _encoder()
     rows = 0
+    counts: dict[str, int] = {}
+    """Stage -> rows this attempt put in it."""
     sender = _Sender(client, options.settings.durability_level(), keys.job_id)
     entries = _StageEntries(sender)
     prefix = f"{keys.job_id}.{partition}."
     try:
+        if job.lease() is None:  # decided already (a replayed micro-batch, a late attempt): nothing to write
+            return StagedRows([], 0)
+        keeper.start()  # the job stays its driver's while this attempt runs, however long
         for batch in batches:
             columns = {name.lower(): batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
             bodies = columns["body"]
@@ -394,43 +417,68 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
                 if properties:
                     row += ["properties", encode(properties)]
                 entries.add(stage, row, len(body))
+                counts[stage] = counts.get(stage, 0) + 1
                 rows += 1
                 if sender.rows >= options.write_batch_size:
                     sender.flush()
         entries.pack_all()
         sender.flush()
     finally:
+        keeper.stop()
         sender.close()
         job.close()
         client.close()
-    return StagedRows(sorted(stages.values()), rows)
+    return StagedRows(sorted(stages.values()), rows, {stage: counts.get(stage, 0) for stage in stages.values()})
 
 
-def _staged(messages: list[Any]) -> list[str]:
-    return sorted({stage for message in messages if isinstance(message, StagedRows) for stage in message.stages})
+def _commit(job: WriteJob, messages: list[Any]) -> None:
+    """Commit the attempts Spark committed; raise unless COMMIT is the decision that stands, so Spark reports the job
+    (or the micro-batch) failed."""
+    decision = job.commit(_staged(messages))
+    if decision.outcome is not LocalTransactionState.COMMIT:
+        raise JobNotCommittedError(
+            f"write job {job.job_id}: not committed: {decision.outcome.value} stands (its lease of "
+            f"{job.settings.job_lease:g} s passed without a renewal and txmq checker rolled it back, or it was "
+            "aborted); nothing of it was published: run it again"
+        )
+
+
+def _staged(messages: list[Any]) -> dict[str, int]:
+    """Stage -> rows staged, of the task attempts Spark committed."""
+    staged: dict[str, int] = {}
+    for message in messages:
+        if isinstance(message, StagedRows):
+            for stage in message.stages:
+                staged[stage] = message.counts.get(stage, 0)
+    return staged
 
 
 class BatchWriter(DataSourceArrowWriter):
     """``df.write.format("redis-txmq")``: the job's rows become visible together (each once) on commit, or never."""
 
     def __init__(self, options: WriteOptions) -> None:
+        # the job is leased and listed by its first task (this runs in a Python worker of the driver that Spark
+        # may stop once idle: nothing here could keep a lease alive while the job runs)
         self.options = options
+        self.keys = JobKeys(os.urandom(16).hex())
         client = options.connection.client()
         try:
-            job = WriteJob.new(client, options.settings)
-            job.register()
-            job.close()
+            client.ping()  # a wrong URL or password fails here, on the driver, before any task runs
+        except REDIS_ERRORS as exc:
+            raise TxMQConnectionError(f"write job {self.keys.job_id}: cannot reach Redis ({exc})") from exc
         finally:
             client.close()
-        self.keys = job.keys
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedRows:
         return write_rows(self.options, self.keys, iterator)
 
     def commit(self, messages: list[Any]) -> None:
-        self._settle(lambda job: job.commit(_staged(messages)))
+        """Decide COMMIT and publish; raises when the job was rolled back meanwhile (its lease passed) or a staged
+        row cannot be published, so Spark reports the job failed."""
+        self._settle(lambda job: _commit(job, messages))
 
     def abort(self, messages: list[Any]) -> None:
+        """Roll back, unless a COMMIT stands (the commit raised after deciding): then publish it."""
         self._settle(lambda job: job.abort())
 
     def _settle(self, action: Any) -> None:
@@ -466,11 +514,12 @@ class StreamWriter(DataSourceStreamArrowWriter):
         return write_rows(self.options, keys, iterator)
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
-        self._settle(batchId, lambda job: job.commit(_staged(messages)))
+        self._settle(batchId, lambda job: _commit(job, messages))
 
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
-        # no ROLLBACK decision: Spark runs the batch again with the same id, which must stay free to commit
-        self._settle(batchId, lambda job: job.discard())
+        """A COMMIT that stands (the commit raised after deciding) is published; an undecided batch is not decided
+        (Spark runs it again with the same id, which must stay free to commit): its stages are deleted."""
+        self._settle(batchId, lambda job: job.abort())
 
     def _settle(self, batch_id: int, action: Any) -> None:
         client = self.options.connection.client()

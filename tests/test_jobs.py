@@ -13,8 +13,17 @@ import pytest
 from checker import Checker
 from redis_txmq import LocalTransactionState, Settings, TxMQError
 from redis_txmq.admin import write_jobs
-from redis_txmq.jobs import ROWS_PER_STAGE_ENTRY, STAGE_ROWS_FIELD, WriteJob, settle_jobs
+from redis_txmq.jobs import (
+    ROWS_PER_STAGE_ENTRY,
+    STAGE_ROWS_FIELD,
+    JobNotCommittedError,
+    UnpublishableJobError,
+    WriteJob,
+    settle_jobs,
+)
 from redis_txmq.keys import JOB_REGISTRY
+
+from .helpers import wait_until
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 
@@ -126,15 +135,18 @@ def test_the_checker_settles_a_job_whose_driver_died_after_deciding(client):
     assert write_jobs(client, now_ms)["decided"] == 0
 
 
-def test_a_job_that_never_decided_is_rolled_back_after_max_age(client):
-    job = WriteJob.new(client)
+def test_a_job_whose_lease_passed_is_rolled_back(client):
+    """Its driver died (nothing renews the lease): the checker rolls the job back, and a driver that comes back
+    finds the rollback."""
+    settings = Settings(job_lease=0.2)
+    job = WriteJob.new(client, settings)
     job.register()
     staged = stage_rows(client, job, "orders", "p0", 3)
-    assert settle_jobs(client, Settings()) == 0, "a young job is left to its driver"
-    client.zadd(JOB_REGISTRY, {job.keys.decision: 0})  # started long ago
-    assert settle_jobs(client, Settings(max_age=60)) == 1
+    assert settle_jobs(client, settings) == 0, "a leased job is left to its driver"
+    wait_until(lambda: settle_jobs(client, settings) == 1)
     assert bodies(client, "orders") == [] and not client.exists(staged)
     assert job.commit([staged]).outcome is ROLLBACK, "a driver that comes back finds the rollback"
+    assert client.zcard(JOB_REGISTRY) == 0
 
 
 def test_a_stage_that_cannot_be_published_stays_for_a_retry(client):
@@ -175,3 +187,146 @@ def test_a_stage_written_row_by_row_is_published_too(client):
         client.xadd(stage, {"transaction_id": f"{job.job_id}.p0.{n}", "body": f"old-{n}"})
     job.commit([stage])
     assert bodies(client, "orders") == ["old-0", "old-1", "old-2"] and not client.exists(stage)
+
+
+# Issue 23, defect 4: a job whose driver is alive is never settled by the checker, and a commit that cannot publish
+# every staged row raises.
+
+
+@pytest.mark.parametrize("micro_batch", [False, True], ids=["batch", "micro-batch"])
+def test_a_job_that_runs_longer_than_max_age_is_left_to_its_live_driver(client, micro_batch):
+    """The checker's max_age is for half messages: a job whose lease its tasks renew is not rolled back (batch) or
+    discarded (micro-batch), however long it has been listed; its commit then publishes every row."""
+    job = WriteJob.micro_batch(client, "long-sink", 3) if micro_batch else WriteJob.new(client)
+    staged = stage_rows(client, job, "orders", "p0", 250)
+    checker = Settings(max_age=0.001, transaction_timeout=0)
+    client.zadd(JOB_REGISTRY, {job.keys.decision: 0})  # listed long ago, as the registry said before leases
+    assert settle_jobs(client, checker) == 0
+    job.register()  # a task renews the lease
+    assert settle_jobs(client, checker) == 0
+    assert client.xlen(staged) == 3 and client.zscore(JOB_REGISTRY, job.keys.decision) > 0
+    decision = job.commit({staged: 250})
+    assert (decision.outcome, decision.status) == (COMMIT, "DECIDED")
+    assert bodies(client, "orders") == [f"p0-{n}" for n in range(250)]
+    assert client.zcard(JOB_REGISTRY) == 0
+
+
+def test_a_micro_batch_whose_lease_passed_cannot_commit_its_set_aside_stages(client):
+    """The driver stalled past its lease: the checker deleted its stages; its commit raises and decides nothing, so
+    Spark fails the batch and runs it again under the same id, which commits."""
+    settings = Settings(job_lease=0.2)
+    stalled = WriteJob.micro_batch(client, "stall-sink", 5, settings)
+    staged = stage_rows(client, stalled, "orders", "run1", 4)
+    wait_until(lambda: settle_jobs(client, settings) == 1)
+    assert not client.exists(staged)
+    with pytest.raises(JobNotCommittedError, match="not one of the job's stages"):
+        stalled.commit({staged: 4})
+    assert client.hget(stalled.keys.decision, "outcome") is None
+    assert client.hget(stalled.keys.sink, "last_batch") is None, "the batch id is still free"
+    replay = WriteJob.micro_batch(client, "stall-sink", 5, settings)
+    again = stage_rows(client, replay, "orders", "run2", 2)
+    assert replay.commit({again: 2}).status == "DECIDED"
+    assert bodies(client, "orders") == ["run2-0", "run2-1"] and client.zcard(JOB_REGISTRY) == 0
+
+
+def test_a_committed_stage_that_is_missing_fails_the_commit_and_parks_the_job(client):
+    """publish_stage on a missing stage is an error, not an empty success; the other stages are published, the job
+    is parked (not retried by the checker) and txmq status shows why."""
+    settings = Settings(transaction_timeout=0)
+    job = WriteJob.new(client, settings)
+    kept = stage_rows(client, job, "orders", "p0", 3)
+    lost = stage_rows(client, job, "orders", "p1", 3)
+    client.delete(lost)  # expired, or lost in a failover
+    with pytest.raises(UnpublishableJobError, match=f"stage {lost}: MISSING"):
+        job.commit({kept: 3, lost: 3})
+    assert bodies(client, "orders") == ["p0-0", "p0-1", "p0-2"]
+    assert client.zscore(JOB_REGISTRY, job.keys.decision) == float("inf")
+    assert settle_jobs(client, settings) == 0 and len(bodies(client, "orders")) == 3
+    seen = write_jobs(client, int(time.time() * 1000))
+    assert seen["parked"] == 1 and lost in seen["parked_reasons"][0]["reason"]
+
+
+def test_a_stage_published_in_full_stays_done_for_a_repeated_settle(client):
+    """The driver, Spark's abort, the checker and a replay may all settle the same decision: each finds the stages
+    published, none publishes a row twice, none calls a published stage missing."""
+    job = WriteJob.new(client, Settings(transaction_timeout=0))
+    staged = stage_rows(client, job, "orders", "p0", 1500)
+    job.commit({staged: 1500})
+    for _ in range(2):
+        assert job.settle(job.decide(COMMIT, [])) == 0
+        assert job.abort().outcome is COMMIT
+    assert len(bodies(client, "orders")) == 1500 and client.zcard(JOB_REGISTRY) == 0
+
+
+def test_a_stage_that_published_fewer_rows_than_its_attempt_staged_fails_the_commit(client):
+    job = WriteJob.new(client)
+    staged = stage_rows(client, job, "orders", "p0", 250)
+    first = client.xrange(staged, count=1)[0][0]
+    client.xdel(staged, first)  # an entry of 100 rows lost
+    with pytest.raises(UnpublishableJobError, match="150 rows published of the 250 its attempt staged"):
+        job.commit({staged: 250})
+    assert len(bodies(client, "orders")) == 150, "what there was is published, once"
+
+
+# Issue 23, defect 5: every row of a chunk is checked before the first is appended, and a job that cannot be
+# published is parked instead of being retried forever.
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (["transaction_id", "x", "body", True], "has a boolean at 4"),
+        (["transaction_id", "x", "body", ["nested"]], "has a table at 4"),
+        (["transaction_id", "x", "", "empty name"], "has an empty field name at 3"),
+    ],
+    ids=["boolean", "nested", "empty-name"],
+)
+def test_a_row_that_xadd_would_refuse_publishes_nothing_and_is_not_retried(client, bad, why):
+    settings = Settings(transaction_timeout=0)
+    job = WriteJob.new(client, settings)
+    stage = stage_rows(client, job, "orders", "p0", 150)
+    client.xadd(stage, {STAGE_ROWS_FIELD: msgpack.packb([["transaction_id", "y", "body", "fine"], bad])})
+    with pytest.raises(TxMQError) as raised:
+        job.commit({stage: 150})
+    assert bodies(client, "orders") == [], "nothing is appended before the bad row is found"
+    for _ in range(3):  # checker rounds
+        assert settle_jobs(client, settings) == 0
+    assert bodies(client, "orders") == [] and client.xlen(stage) == 3, "nothing moved, the stage is kept as it is"
+    assert isinstance(raised.value, UnpublishableJobError) and f"row 2 {why}" in str(raised.value)
+    assert client.zscore(JOB_REGISTRY, job.keys.decision) == float("inf"), "parked: the checker leaves it"
+    assert why in client.hget(job.keys.decision, "parked").decode()
+
+    bad_entry = client.xrange(stage, "-", "+")[-1][0]  # the operator, as the README says: delete it, list the job
+    client.xdel(stage, bad_entry)
+    client.zadd(JOB_REGISTRY, {job.keys.decision: 0})
+    assert settle_jobs(client, settings) == 1
+    assert bodies(client, "orders") == [f"p0-{n}" for n in range(150)]
+    assert client.zcard(JOB_REGISTRY) == 0 and not client.exists(stage)
+
+
+def test_numbers_in_a_row_are_published_as_redis_writes_them(client):
+    job = WriteJob.new(client)
+    stage = job.stage("orders", "p0")
+    client.xadd(stage, {STAGE_ROWS_FIELD: msgpack.packb([["transaction_id", "n", "body", "b", "count", 7]])})
+    job.commit({stage: 1})
+    assert [f[b"count"] for _, f in client.xrange("orders")] == [b"7"]
+
+
+# Issue 23, defect 8: the settler settles what is due, wherever it is listed.
+
+
+def test_a_decided_job_behind_many_undecided_ones_is_settled_in_one_round(client):
+    settings = Settings(transaction_timeout=0)
+    running = [WriteJob.new(client, settings) for _ in range(150)]
+    for job in running:
+        job.register()  # drivers alive and writing
+        job.close()
+    listed_first = int(time.time() * 1000) - 1000  # the oldest (older code listed jobs by their start)
+    client.zadd(JOB_REGISTRY, {job.keys.decision: listed_first for job in running})
+    dead = WriteJob.new(client, settings)
+    staged = stage_rows(client, dead, "orders", "p0", 2)
+    dead.decide(COMMIT, {staged: 2})  # its driver dies here
+    assert settle_jobs(client, settings) == 1
+    assert bodies(client, "orders") == ["p0-0", "p0-1"]
+    assert client.zcard(JOB_REGISTRY) == 150
+    assert client.zcount(JOB_REGISTRY, "-inf", listed_first) == 0, "each was looked at, and listed for its lease's end"

@@ -14,10 +14,12 @@ import pytest
 if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # CI sets it: there, a missing pyspark fails instead of skipping
     pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark,dev]'")
 
-from redis_txmq import create_topic  # noqa: E402
-from redis_txmq.keys import JOB_REGISTRY  # noqa: E402
+from redis_txmq import Settings, create_topic  # noqa: E402
+from redis_txmq.jobs import JobNotCommittedError, settle_jobs  # noqa: E402
+from redis_txmq.keys import JOB_REGISTRY, JobKeys  # noqa: E402
 from spark_connector.options import SparkSourceError  # noqa: E402
 
+from .helpers import wait_until  # noqa: E402
 from .replicas import replicated_fixture  # noqa: E402, F401 - the fixture 'replicated'
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +212,7 @@ def test_write_options_are_checked_on_the_driver():
     assert durable.settings.durability_level() == Durability("aof", 0, 2.0)
 
 
-def stream_copy(spark, redis_url, checkpoint, **options):
+def stream_copy(spark, redis_url, checkpoint, sink="redis-txmq", **options):
     source = (
         spark.readStream.format("redis-txmq")
         .option("redis.url", redis_url)
@@ -220,7 +222,7 @@ def stream_copy(spark, redis_url, checkpoint, **options):
         .selectExpr("body", "keys")
     )
     writer = (
-        source.writeStream.format("redis-txmq")
+        source.writeStream.format(sink)
         .option("redis.url", redis_url)
         .option("topic", "copies")
         .option("sinkId", "copier")
@@ -299,3 +301,141 @@ def test_the_example_pipeline_publishes_its_summary_and_a_consumer_reads_it(spar
     with Consumer("order-stats", group="dashboard", client=real_client) as consumer:
         read = [json.loads(message.body) for message in consumer.poll(timeout=1.0)]
     assert sum(row["orders"] for row in read) == 3 and sum(row["revenue"] for row in read) == 31.5
+
+
+def seed_source(client, start: int, end: int) -> None:
+    pipe = client.pipeline(transaction=False)
+    for n in range(start, end):
+        pipe.xadd("source", {"transaction_id": f"t{n}", "body": f"row {n}", "keys": f"k{n}"})
+    pipe.execute()
+
+
+def test_a_micro_batch_whose_commit_raised_after_its_decision_is_published_by_the_abort(
+    spark, real_client, redis_url, tmp_path
+):
+    """Issue 23, defect 3: the sink's commit decides COMMIT and raises; Spark calls abort, which publishes the
+    decided rows (it used to delete them, the decision and the sink's last batch staying: rows lost). The query
+    fails; restarted, it runs that batch again (its decision stands: nothing new) and goes on."""
+    from pyspark.errors import StreamingQueryException
+
+    from . import spark_driver_failures
+
+    spark.dataSource.register(spark_driver_failures.StreamCommitRaisesAfterDeciding)
+    seed_source(real_client, 0, 100)
+    checkpoint = str(tmp_path / "checkpoint")
+    with pytest.raises(StreamingQueryException, match="dropped after the sink decided"):
+        stream_copy(spark, redis_url, checkpoint, sink="redis-txmq-stream-commit-raises")
+    assert bodies(real_client, "copies") == {f"row {n}": 1 for n in range(40)}, "the first batch, by the abort"
+    stream_copy(spark, redis_url, checkpoint)
+    assert bodies(real_client, "copies") == {f"row {n}": 1 for n in range(100)}
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+def test_a_batch_job_that_runs_longer_than_its_lease_and_the_checkers_max_age_publishes_every_row(
+    spark, real_client, redis_url
+):
+    """Issue 23, defect 4: a checker with a tiny max_age runs beside a job whose tasks take longer than its lease:
+    the tasks renew the lease, the checker leaves the job to its driver, every row is published once (a job older
+    than max_age used to be rolled back while Spark reported success). The checker runs while the tasks do: the
+    gap between the last task and the driver's commit is Spark's, and a loaded machine may stretch it."""
+    import threading
+    import time
+
+    import redis
+    from pyspark.sql.functions import col, udf
+
+    @udf("string")
+    def slow(body):
+        time.sleep(0.15)  # the job's own work: 40 rows take each task about 6 s, longer than the 4 s lease
+        with redis.Redis.from_url(redis_url) as client:
+            client.incr("test:rows-done")
+        return body
+
+    checker = Settings(max_age=0.001, transaction_timeout=60)  # decided jobs stay the driver's
+    stop = threading.Event()
+    rounds = [0]
+
+    def check() -> None:
+        while not stop.wait(0.05) and int(real_client.get("test:rows-done") or 0) < 80:
+            settle_jobs(real_client, checker)
+            rounds[0] += 1
+
+    thread = threading.Thread(target=check, daemon=True)
+    thread.start()
+    try:
+        df = spark.range(80).selectExpr("concat('row ', id) as body").repartition(2)
+        (
+            df.select(slow(col("body")).alias("body"))
+            .write.format("redis-txmq")
+            .option("redis.url", redis_url)
+            .option("topic", "orders")
+            .option("writeBatchSize", "5")
+            .option("jobLease", "4")
+            .mode("append")
+            .save()
+        )
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert rounds[0] > 10, "the checker ran beside the tasks"
+    assert bodies(real_client, "orders") == {f"row {n}": 1 for n in range(80)}
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+def write_options(redis_url: str, streaming: bool, **extra: str):
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark_connector.writer import parse_write_options
+
+    schema = StructType([StructField("body", StringType())])
+    given = {"redis.url": redis_url, "topic": "orders", **({"sinkId": "copier"} if streaming else {}), **extra}
+    return parse_write_options(given, schema, streaming=streaming)
+
+
+def task(options, keys: JobKeys, rows: list[str]):
+    """One task attempt of the writer, run here (no Spark task: partition 0)."""
+    import pyarrow as pa
+
+    from spark_connector.writer import write_rows
+
+    return write_rows(options, keys, iter([pa.RecordBatch.from_pydict({"body": rows})]))
+
+
+@pytest.mark.parametrize("then", ["abort", "replay"])
+def test_a_micro_batch_decided_commit_is_published_by_the_abort_or_the_replay(real_client, redis_url, then):
+    """Issue 23, defect 3, without Spark: the sink's commit raised right after deciding; Spark's abort publishes the
+    batch (it used to delete its stages: 0 of 2,500 rows), or, the driver dead, the restarted query's replay does
+    (its tasks write nothing: the batch is decided)."""
+    from spark_connector.writer import StreamWriter
+
+    from .spark_driver_failures import _CommitRaisesAfterDeciding
+
+    options = write_options(redis_url, streaming=True)
+    keys = JobKeys.of_batch("copier", 4)
+    messages = [task(options, keys, [f"row {n}" for n in range(2500)])]
+    with pytest.raises(RuntimeError, match="dropped after the sink decided"):
+        _CommitRaisesAfterDeciding(options).commit(messages, 4)
+    assert real_client.xlen("orders") == 0
+    if then == "abort":
+        StreamWriter(options).abort(messages, 4)
+    else:
+        replayed = [task(options, keys, ["a new row"])]
+        assert replayed[0].stages == [], "a decided batch's tasks write nothing"
+        StreamWriter(options).commit(replayed, 4)
+    assert bodies(real_client, "orders") == {f"row {n}": 1 for n in range(2500)}
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
+
+
+def test_a_batch_commit_raises_when_the_checker_rolled_the_job_back(real_client, redis_url):
+    """Issue 23, defect 4, without Spark: the driver stalled past the job's lease (nothing renewed it); the checker
+    rolled the job back; the driver's commit raises, so Spark reports the job failed (it used to return)."""
+    from spark_connector.writer import BatchWriter
+
+    options = write_options(redis_url, streaming=False, jobLease="0.2")
+    writer = BatchWriter(options)
+    messages = [task(options, writer.keys, ["a", "b"])]
+    wait_until(lambda: settle_jobs(real_client, Settings()) == 1)
+    with pytest.raises(JobNotCommittedError, match="ROLLBACK stands"):
+        writer.commit(messages)
+    assert real_client.xlen("orders") == 0
+    assert stages_left(real_client) == [] and real_client.zcard(JOB_REGISTRY) == 0
