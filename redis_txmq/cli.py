@@ -472,11 +472,19 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
     console.print(f"live checkers: {checkers['live_instances']} (durability: {_levels(checkers['durability'])})")
     jobs = report["write_jobs"]
     if jobs["unsettled"]:
+        oldest = jobs["oldest_age_seconds"]
         console.print(
-            f"write jobs not settled: {jobs['unsettled']} ({jobs['decided']} decided, publishing), "
-            f"oldest {jobs['oldest_age_seconds']:.1f} s",
+            f"write jobs not settled: {jobs['unsettled']} ({jobs['decided']} decided, publishing)"
+            + (f", oldest {oldest:.1f} s" if oldest is not None else ""),
             highlight=False,
         )
+    if jobs.get("parked"):
+        console.print(
+            f"write jobs parked for an operator: {jobs['parked']} (rows that cannot be published; HGET <job> parked)",
+            highlight=False,
+        )
+        for parked in jobs.get("parked_reasons", []):
+            console.print(f"  {parked['job']}: {parked['reason']}", highlight=False, markup=False)
 
 
 def _levels(counts: dict[str, int]) -> str:

@@ -88,3 +88,19 @@ class TransactionDeadLetteredError(TransactionError):
 
 class CorruptEntryError(TxMQError):
     """A stream entry lacks fields this library writes; another tool probably wrote it."""
+
+
+class WriteJobError(TxMQError):
+    """A write job could not end as asked."""
+
+
+class JobNotCommittedError(WriteJobError):
+    """A commit that did not commit: another decision stands (the checker rolled the job back when its lease
+    passed), or its stages were set aside. Nothing of the job was published; run it again."""
+
+
+class UnpublishableJobError(WriteJobError):
+    """A committed job whose rows cannot all be published: a stage is missing (expired, deleted, lost in a
+    failover), holds an entry that cannot be published, or published fewer rows than its attempt staged. The job is
+    parked (``txmq:jobs`` score ``+inf``, the reason in its record's ``parked`` field) and its stages kept for an
+    operator; the checker does not retry it."""

@@ -43,7 +43,14 @@ from .config import Settings
 from .connection import REDIS_ERRORS
 from .direct import ScriptRunner
 from .entries import text
-from .errors import DurabilityError, TxMQConnectionError, TxMQError
+from .errors import (
+    DurabilityError,
+    JobNotCommittedError,
+    TxMQConnectionError,
+    TxMQError,
+    UnpublishableJobError,
+    WriteJobError,
+)
 from .keys import JOB_REGISTRY, JobKeys, published_key, stage_key, stream_of_stage
 from .message import LocalTransactionState
 from .scripts import register_script
@@ -65,22 +72,6 @@ SETTLE_BATCHES = 10
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 SETTLING_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, TxMQError)
 """What the checker logs and tries again later when settling a job fails."""
-
-
-class WriteJobError(TxMQError):
-    """A write job could not end as asked."""
-
-
-class JobNotCommittedError(WriteJobError):
-    """A commit that did not commit: another decision stands (the checker rolled the job back when its lease
-    passed), or its stages were set aside. Nothing of the job was published; run it again."""
-
-
-class UnpublishableJobError(WriteJobError):
-    """A committed job whose rows cannot all be published: a stage is missing (expired, deleted, lost in a
-    failover), holds an entry that cannot be published, or published fewer rows than its attempt staged. The job is
-    parked (``txmq:jobs`` score ``+inf``, the reason in its record's ``parked`` field) and its stages kept for an
-    operator; the checker does not retry it."""
 
 
 @dataclass(frozen=True)
