@@ -31,7 +31,8 @@ class CheckerMetrics:
         )
         self.errors = Counter(
             "txmq_checker_errors",
-            "Steps of the checker's loop that failed (start, heartbeat, scan, replies); each is retried",
+            "Steps of the checker's loop that failed (start, heartbeat, scan, replies, check requests, write jobs); "
+            "each is retried",
             ["step"],
             registry=self.registry,
         )

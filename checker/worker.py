@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from redis_txmq import entries, tracing
 from redis_txmq.admin import registered_topics, resolve_dead_part
@@ -40,6 +41,7 @@ from redis_txmq.keys import (
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
     REPLY_STREAM,
+    TOPIC_REGISTRY,
     GroupKeys,
     TopicKeys,
     topic_keys_of_stream,
@@ -106,6 +108,8 @@ class Checker:
         self._next_sweep = 0.0
         self._sweep_cursors: dict[str, str] = {}
         self._bad_registry_members: set[str] = set()
+        self._last_topics: list[TopicKeys] | None = None
+        self._registry_unreachable = False
         self._started = False
 
     def start(self) -> None:
@@ -196,7 +200,29 @@ class Checker:
         return stats
 
     def topics(self) -> list[TopicKeys]:
-        return registered_topics(self.client, reported=self._bad_registry_members)
+        """The registered topic streams. While the registry cannot be read (its cluster master is down), the last
+        list read: the topics on the healthy masters are still checked (logged once until the registry is back)."""
+        try:
+            topics = registered_topics(self.client, reported=self._bad_registry_members)
+        except REDIS_ERRORS as exc:
+            if self._last_topics is None:
+                raise
+            if not self._registry_unreachable:
+                self._registry_unreachable = True
+                logger.warning(
+                    "checker %s: the topic registry %s cannot be read (%s); checking the %d topic streams read last "
+                    "until it is back",
+                    self.instance_id,
+                    TOPIC_REGISTRY,
+                    exc,
+                    len(self._last_topics),
+                )
+            return self._last_topics
+        if self._registry_unreachable:
+            self._registry_unreachable = False
+            logger.info("checker %s: the topic registry %s can be read again", self.instance_id, TOPIC_REGISTRY)
+        self._last_topics = topics
+        return topics
 
     def scan(self) -> RoundStats:
         """Claim due transactions of every topic and send their check requests. A topic that fails (damaged keys,
@@ -336,67 +362,143 @@ class Checker:
     def _send_requests(self, keys: TopicKeys, due: list[DueCheck]) -> int:
         """Send one check request per claimed transaction, replacing the one still pending from its last check (at
         most one request per transaction, however long its group has no live producer), then index them. A
-        message of a transaction of several whose decision is written is ended with it instead.
+        message of a transaction of several whose decision is written is ended with it instead. Returns how many
+        were sent.
 
         ``check_max`` counts the checks that reached a producer: a replaced request that no producer instance read
         (none alive, or none reading: a failover, a reconnect) gives its check back, so an outage of any length
         does not spend the budget. Read means delivered: the request was in a consumer's pending list, or gone (a
-        producer deletes what it answers); one still in the stream and in no pending list was never read."""
+        producer deletes what it answers); one still in the stream and in no pending list was never read.
+
+        The requests go out in a pipeline per master of the groups' request streams (one in all off a cluster): a
+        group whose stream cannot be written (its cluster master is down) fails alone, logged and counted in
+        ``txmq_checker_errors`` (step ``check requests``), and the checks it was not sent give their count back (a
+        check never sent is no answer): they are asked again one ``check_interval`` later."""
         due = self._settle_decided(keys, due)
         if not due:
             return 0
-        replaced = [check for check in due if check.previous_request]
-        unread: set[str] = set()
-        if replaced:
+        outcomes: list[tuple[DueCheck, SentCheck | Exception]] = []
+        for batch in self._by_master(due):
+            outcomes += self._send_batch(keys, batch)
+        sent = [note for _, note in outcomes if isinstance(note, SentCheck)]
+        failed = [(check, exc) for check, exc in outcomes if isinstance(exc, Exception)]
+        self._not_sent(keys, failed)
+        notes = [*sent, *(self._never_sent(check) for check, _ in failed)]
+        stale = set(self.broker.note_check_requests(keys, notes).stale)
+        if stale:
+            groups = {check.transaction_id: check.producer_group for check in due}
+            self.broker.drop_check_requests(
+                [(groups[s.transaction_id], s.request_id) for s in sent if s.request_id in stale]
+            )
+        return len(sent)
+
+    def _by_master(self, checks: list[DueCheck]) -> list[list[DueCheck]]:
+        """``checks`` in batches whose producer groups' request streams share a master; one batch off a cluster."""
+        if not isinstance(self.client, RedisCluster):
+            return [checks]
+        batches: dict[str, list[DueCheck]] = {}
+        for check in checks:
+            stream = GroupKeys(check.producer_group).check_requests
+            try:
+                master = self.client.get_node_from_key(stream).name
+            except REDIS_ERRORS:
+                master = stream  # no master known for its slot: its checks go (and fail) on their own
+            batches.setdefault(master, []).append(check)
+        return list(batches.values())
+
+    def _send_batch(self, keys: TopicKeys, batch: list[DueCheck]) -> list[tuple[DueCheck, SentCheck | Exception]]:
+        """Send the check requests of ``batch`` (streams on one master): retire the requests they replace, then
+        add theirs. Each check comes back with what was sent, or with the error that kept it from being sent."""
+        replaced = [check for check in batch if check.previous_request]
+        try:
+            unread = self._retire(replaced) if replaced else set()
+            counted = {check.transaction_id: check.check_times - (check.transaction_id in unread) for check in batch}
+            requested_ms = str(int(time.time() * 1000)).encode()
             pipe = self.client.pipeline(transaction=False)
-            for check in replaced:
-                stream = GroupKeys(check.producer_group).check_requests
-                pipe.xack(stream, PRODUCERS_CONSUMER_GROUP, check.previous_request)
-                pipe.xdel(stream, check.previous_request)
-            retired = iter(pipe.execute())
-            for check in replaced:
-                acked, deleted = next(retired), next(retired)
-                if deleted and not acked:
-                    unread.add(check.transaction_id)
-        counted = {check.transaction_id: check.check_times - (check.transaction_id in unread) for check in due}
-        requested_ms = str(int(time.time() * 1000)).encode()
-        pipe = self.client.pipeline(transaction=False)
-        for check in due:
-            request = dict(check.fields)
-            request.update(
-                {
-                    entries.STREAM: keys.topic_stream.encode(),
-                    entries.HALF_ID: check.half_id.encode(),
-                    entries.CHECK_TIMES: str(counted[check.transaction_id]).encode(),
-                    entries.REQUESTED_MS: requested_ms,
-                }
+            for check in batch:
+                request = dict(check.fields)
+                request.update(
+                    {
+                        entries.STREAM: keys.topic_stream.encode(),
+                        entries.HALF_ID: check.half_id.encode(),
+                        entries.CHECK_TIMES: str(counted[check.transaction_id]).encode(),
+                        entries.REQUESTED_MS: requested_ms,
+                    }
+                )
+                pipe.xadd(GroupKeys(check.producer_group).check_requests, request)
+            replies = pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS as exc:
+            return [(check, exc) for check in batch]
+        outcomes: list[tuple[DueCheck, SentCheck | Exception]] = []
+        for check, request_id in zip(batch, replies, strict=True):
+            if isinstance(request_id, Exception):
+                outcomes.append((check, request_id))
+                continue
+            was_unread = check.transaction_id in unread
+            outcomes.append(
+                (
+                    check,
+                    SentCheck(
+                        check.transaction_id,
+                        entries.text(request_id) or "",
+                        check.previous_request if was_unread else "",
+                    ),
+                )
             )
-            pipe.xadd(GroupKeys(check.producer_group).check_requests, request)
-        sent = [
-            SentCheck(
-                check.transaction_id,
-                entries.text(request_id) or "",
-                check.previous_request if check.transaction_id in unread else "",
-            )
-            for check, request_id in zip(due, pipe.execute(), strict=True)
-        ]
-        for check in due:
             logger.debug(
                 "tx=%s topic=%s check %d sent to group %s%s",
                 check.transaction_id,
                 keys.topic,
                 counted[check.transaction_id],
                 check.producer_group,
-                "; the last one was never read: it does not count" if check.transaction_id in unread else "",
+                "; the last one was never read: it does not count" if was_unread else "",
             )
             self.metrics.checks_sent.labels(check.producer_group).inc()
-        stale = set(self.broker.note_check_requests(keys, sent).stale)
-        if stale:
-            groups = {check.transaction_id: check.producer_group for check in due}
-            self.broker.drop_check_requests(
-                [(groups[s.transaction_id], s.request_id) for s in sent if s.request_id in stale]
+        return outcomes
+
+    def _retire(self, replaced: list[DueCheck]) -> set[str]:
+        """Delete the requests that ``replaced`` checks replace; returns the transactions whose request no producer
+        instance had read. A request that could not be deleted (an error of its own) stays behind: a producer
+        answers it as a repeat."""
+        pipe = self.client.pipeline(transaction=False)
+        for check in replaced:
+            stream = GroupKeys(check.producer_group).check_requests
+            pipe.xack(stream, PRODUCERS_CONSUMER_GROUP, check.previous_request)
+            pipe.xdel(stream, check.previous_request)
+        retired = iter(pipe.execute(raise_on_error=False))
+        unread: set[str] = set()
+        for check in replaced:
+            acked, deleted = next(retired), next(retired)
+            if isinstance(acked, Exception) or isinstance(deleted, Exception):
+                continue
+            if deleted and not acked:
+                unread.add(check.transaction_id)
+        return unread
+
+    def _not_sent(self, keys: TopicKeys, failed: list[tuple[DueCheck, Exception]]) -> None:
+        """Log and count the check requests that could not be sent, once per producer group."""
+        by_group: dict[str, list[Exception]] = {}
+        for check, exc in failed:
+            by_group.setdefault(check.producer_group, []).append(exc)
+        for group, errors in by_group.items():
+            self.metrics.errors.labels("check requests").inc()
+            logger.warning(
+                "checker %s: topic=%s: %d check request(s) to producer group %s (%s) not sent: %s; their checks are "
+                "not counted and are asked again in %g s",
+                self.instance_id,
+                keys.topic,
+                len(errors),
+                group,
+                GroupKeys(group).check_requests,
+                errors[0],
+                self.settings.check_interval,
             )
-        return len(due)
+
+    @staticmethod
+    def _never_sent(check: DueCheck) -> SentCheck:
+        """The note of a claimed check whose request was never sent: no request id, and the check count its claim
+        left in place of a replaced request (``lua/note_requests.lua`` gives that check back)."""
+        return SentCheck(check.transaction_id, "", str(check.check_times))
 
     def _sweep(self, topics: list[TopicKeys]) -> int:
         """Look at a slice of every half stream for entries no transaction owns (written by another tool)."""
@@ -519,7 +621,7 @@ class Checker:
             # whose send did not return is rolled back; a connection error raises (the answer stays pending), a
             # refused decision skips the answer
             try:
-                record = self.broker.decide(parent, group, state, EndSource.CHECKER)
+                record = self.broker.decide(parent, group, state, EndSource.CHECKER, unconfirmed_ok=True)
             except TransactionError as exc:
                 logger.error("tx=%s check answer %s skipped: %s", txid, state.value, exc)
                 return None

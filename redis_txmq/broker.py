@@ -16,7 +16,7 @@ from . import protocol
 from .config import Settings
 from .connection import REDIS_ERRORS, server_info, server_nodes
 from .direct import ScriptRunner
-from .durability import check_server
+from .durability import check_servers, durability_unchecked
 from .errors import DurabilityError, TxMQConnectionError, TxMQError
 from .keys import TOPIC_REGISTRY, TopicKeys, decision_key
 from .message import LocalTransactionState, Message
@@ -83,14 +83,22 @@ class RedisBroker:
 
     def check_durability(self) -> None:
         """Refuse a durability level the server cannot give (``aof`` before Redis 7.2 or without an append-only
-        file), at start rather than on every send; warn when fewer replicas than asked are connected now."""
+        file), at start rather than on every send; warn when fewer replicas than asked are connected now. A cluster
+        master that cannot be reached is skipped with a warning (one master down must not stop a producer or a
+        checker from serving the others); raises :class:`TxMQConnectionError` only when no server answered."""
         if self.durability is None:
             return
         try:
-            for address, node in server_nodes(self.client):
-                check_server(self.durability, address, server_info(node, "server", "replication", "persistence"))
+            nodes = server_nodes(self.client)
         except REDIS_ERRORS as exc:
-            raise TxMQConnectionError(f"could not read the server's INFO to check durability: {exc}") from exc
+            raise durability_unchecked(self.durability, exc) from exc
+        answers: list[tuple[str, dict[str, Any] | Exception]] = []
+        for address, node in nodes:
+            try:
+                answers.append((address, server_info(node, "server", "replication", "persistence")))
+            except REDIS_ERRORS as exc:
+                answers.append((address, exc))
+        check_servers(self.durability, answers)
 
     def registered_streams(self) -> frozenset[str]:
         """The topic streams this process registered: re-asserted with the heartbeat, so the registry heals
@@ -161,16 +169,23 @@ class RedisBroker:
         action: LocalTransactionState | RecordAction,
         source: EndSource,
         indices: Iterable[int] = (),
+        *,
+        unconfirmed_ok: bool = False,
     ) -> TransactionRecord:
         """Write to the record of a transaction of several messages (``lua/decide_transaction.lua``): its decision,
         written once (COMMIT / ROLLBACK, with the indices of the sends that did not return), or the sends that did
-        not return (VOID), or its dead-lettered messages (PIN / UNPIN); returns the record as it stands."""
+        not return (VOID), or its dead-lettered messages (PIN / UNPIN); returns the record as it stands.
+        ``unconfirmed_ok``: a durability shortfall returns the record as the master holds it (logged) instead of
+        raising, for a caller whose next steps are safe to take on it (ending the messages with a decision)."""
         args = protocol.decide_args(transaction_id, producer_group, action, source, self.settings, indices)
         try:
             reply = self.runner.run(self._decide, [decision_key(transaction_id)], args)
         except DurabilityError as exc:
-            protocol.record_result(exc.replies[0], transaction_id)
-            raise
+            record = protocol.record_result(exc.replies[0], transaction_id)
+            if not unconfirmed_ok:
+                raise
+            protocol.decision_not_durable(transaction_id, exc)
+            return record
         except REDIS_ERRORS as exc:
             raise protocol.decide_call_error(exc, transaction_id) from exc
         return protocol.record_result(reply, transaction_id)

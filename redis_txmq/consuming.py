@@ -33,6 +33,7 @@ from .groups import (
     ensure_group_error,
     forget_consumers_call,
     is_missing_group,
+    read_group,
     removed_names,
 )
 from .keys import TopicKeys, topic_meta_key
@@ -50,9 +51,16 @@ CLAIM = "consumer_claim"
 DEAD_LETTER = "consumer_dead_letter"
 
 
+READ_GROUP = "read_group"
+CALLS_WITH_CLIENT: Mapping[str, Callable[..., Any]] = {READ_GROUP: read_group}
+"""Calls that are functions of the client rather than its methods: :func:`~redis_txmq.groups.read_group` sends
+XREADGROUP to the master of the stream on a cluster."""
+
+
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One Redis call: a method of the client (``xreadgroup``, ``eval``...) or one of the consumer's scripts."""
+    """One Redis call: a method of the client (``eval``, ``xack``...), one of :data:`CALLS_WITH_CLIENT`, or one of
+    the consumer's scripts."""
 
     name: str
     args: tuple[Any, ...] = ()
@@ -60,8 +68,11 @@ class Command:
 
     def apply(self, client: Any, scripts: Mapping[str, Any]) -> Any:
         """The reply; with an asyncio client, the awaitable of the reply."""
-        function = scripts[self.name] if self.name in scripts else getattr(client, self.name)
-        return function(*self.args, **self.kwargs)
+        if self.name in scripts:
+            return scripts[self.name](*self.args, **self.kwargs)
+        if self.name in CALLS_WITH_CLIENT:
+            return CALLS_WITH_CLIENT[self.name](client, *self.args, **self.kwargs)
+        return getattr(client, self.name)(*self.args, **self.kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,10 +325,11 @@ class ConsumerProtocol:
             keys = self.partitions[(self._next_partition + turn) % count]
             last = turn == count - 1
             try:
+                # read_group: on a cluster, to the master of the stream, not to the one redis-py looks keys up on
                 reply = yield Command(
-                    "xreadgroup",
-                    (self.group, self.consumer_name, {keys.topic_stream: ">"}),
-                    {"count": self.batch_size, "block": (block_ms or None) if last else None},
+                    READ_GROUP,
+                    (self.group, self.consumer_name, keys.topic_stream),
+                    {"count": self.batch_size, "block_ms": (block_ms or None) if last else None},
                 )
             except redis.ResponseError as exc:
                 yield from self._recreate_group_steps(keys, exc)

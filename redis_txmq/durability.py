@@ -18,10 +18,11 @@ is read lives here, once, for the sync and the asyncio I/O shells."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError, DurabilityError
+from .errors import ConfigurationError, DurabilityError, TxMQConnectionError
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,39 @@ def check_server(durability: Durability, address: str, info: dict[str, Any]) -> 
             connected,
             durability.replicas,
         )
+
+
+def check_servers(durability: Durability, answers: Iterable[tuple[str, dict[str, Any] | Exception]]) -> None:
+    """:func:`check_server` on each server that answered: ``(address, its INFO)``, or ``(address, the error)`` for
+    one that could not be reached. An unreachable server (a cluster master that is down) is skipped with a
+    warning, so one master down does not stop a producer or a checker from starting and serving the others: the
+    level is still enforced on every call (its ``WAIT`` or ``WAITAOF``), on that master too once it is back. Raises
+    :class:`~redis_txmq.errors.TxMQConnectionError` when no server answered."""
+    answers = list(answers)
+    unreachable = [(address, answer) for address, answer in answers if isinstance(answer, Exception)]
+    if unreachable and len(unreachable) == len(answers):
+        address, exc = unreachable[0]
+        raise durability_unchecked(durability, exc, address)
+    for address, answer in answers:
+        if isinstance(answer, Exception):
+            logger.warning(
+                "durability %s: %s cannot be reached (%s); its level was not checked: calls to its slots fail "
+                "until it is back, and each call waits for its confirmation then",
+                durability.level,
+                address,
+                answer,
+            )
+        else:
+            check_server(durability, address, answer)
+
+
+def durability_unchecked(durability: Durability, exc: Exception, address: str = "") -> TxMQConnectionError:
+    """The error of a start at which no server's INFO could be read to check the level."""
+    where = f" ({address})" if address else ""
+    return TxMQConnectionError(
+        f"durability {durability.level}: could not read the server's INFO to check the level{where}: {exc}; check "
+        "that Redis is reachable"
+    )
 
 
 def describe(durability: Durability | None) -> str:

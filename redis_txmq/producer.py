@@ -273,7 +273,12 @@ class TransactionProducer:
         if many.decides(state):
             try:
                 record = self.broker.decide(
-                    many.transaction_id, self.producer_group, state, EndSource.PRODUCER, many.failed
+                    many.transaction_id,
+                    self.producer_group,
+                    state,
+                    EndSource.PRODUCER,
+                    many.failed,
+                    unconfirmed_ok=True,
                 )
                 many.voided(set(many.failed))
                 state = many.standing(state, record)

@@ -222,6 +222,15 @@ def record_result(reply: Any, transaction_id: str) -> TransactionRecord:
     )
 
 
+def decision_not_durable(transaction_id: str, exc: DurabilityError) -> None:
+    logger.warning(
+        "tx=%s the record is written on the master but %s; its messages are ended by it, and if a failover loses "
+        "it the check-back decides again from the local transaction",
+        transaction_id,
+        exc,
+    )
+
+
 def records_read(transaction_ids: list[str], replies: list[Any]) -> dict[str, TransactionRecord]:
     """The records read back (``HMGET outcome voided`` of each), by transaction id; absent ones are undecided."""
     found: dict[str, TransactionRecord] = {}

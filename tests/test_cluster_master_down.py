@@ -1,15 +1,21 @@
-"""A Redis Cluster with one master down: producers and checkers start, and the topics on healthy masters work.
+"""A Redis Cluster with one master down: producers, checkers and consumers start, and the topics on healthy masters
+work.
 
 Uses a 3-master cluster of its own per test (the session's cluster stays whole), with ``cluster-require-full-coverage
 no`` so that the healthy masters keep serving their slots, as a production cluster configured for partial
 availability. The master taken down holds none of the keys every part shares (the reply stream, the registries,
-the checkers' set): only its own slots stop.
+the checkers' set): only its own slots stop; one test takes down the master of the topic registry instead, and the
+durability test uses a cluster with a replica per master (the dead master's replica goes down first, so that
+nothing takes its place).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,19 +23,24 @@ import redis
 from redis.cluster import RedisCluster
 
 from checker import Checker
-from redis_txmq import Message, Settings, TransactionProducer, create_topic
-from redis_txmq.embedded import embedded_cluster
+from redis_txmq import Message, Settings, TransactionProducer, TxMQError, create_topic
+from redis_txmq.broker import RedisBroker
+from redis_txmq.embedded import LocalCluster
 from redis_txmq.keys import (
     CHECKER_INSTANCES,
     GROUP_REGISTRY,
     REPLY_STREAM,
     TOPIC_REGISTRY,
     GroupKeys,
+    TopicKeys,
     topic_meta_key,
 )
+from redis_txmq.protocol import SentCheck
 
 from .helpers import server_ms, wait_until
 from .test_checker import COMMIT, UNKNOWN, Answers, running
+from .test_consumer import AsyncioApi, SyncApi
+from .test_consumer import running as consuming
 
 pytestmark = pytest.mark.slow
 
@@ -51,15 +62,20 @@ def _names_on(cluster: RedisCluster, avoid: str, want: bool, prefix: str) -> str
 
 
 class OneMasterDown:
-    """A 3-master cluster whose ``victim`` master (one that holds none of :data:`SHARED_KEYS`) :meth:`goes_down`."""
+    """A 3-master cluster whose ``victim`` master :meth:`goes_down`: one that holds none of :data:`SHARED_KEYS`, or
+    the master of ``holding`` (not the reply stream's nor the checkers' set)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, holding: str | None = None) -> None:
         self.url = url
         self.cluster = RedisCluster.from_url(url)
         for node in self.cluster.get_primaries():
             self.cluster.config_set("cluster-require-full-coverage", "no", target_nodes=node)
-        busy = {self.cluster.get_node_from_key(key).name for key in SHARED_KEYS}
-        self.victim = next(node for node in self.cluster.get_primaries() if node.name not in busy)
+        if holding is None:
+            busy = {self.cluster.get_node_from_key(key).name for key in SHARED_KEYS}
+            self.victim = next(node for node in self.cluster.get_primaries() if node.name not in busy)
+        else:
+            self.victim = self.cluster.get_node_from_key(holding)
+            assert not any(self.on_victim(key) for key in (REPLY_STREAM, CHECKER_INSTANCES))
 
     def on_victim(self, key: str) -> bool:
         return self.cluster.get_node_from_key(key).name == self.victim.name
@@ -69,24 +85,50 @@ class OneMasterDown:
         names = (f"{prefix}-{i}" for i in range(1000))
         return next(g for g in names if not self.on_victim(GroupKeys(g).check_requests))
 
+    def stranded_group(self) -> str:
+        """A producer group whose check requests live on the master that goes down."""
+        names = (f"stranded-{i}" for i in range(1000))
+        return next(g for g in names if self.on_victim(GroupKeys(g).check_requests))
+
     def goes_down(self) -> None:
-        try:
-            redis.Redis(host=self.victim.host, port=self.victim.port).shutdown(nosave=True)
-        except redis.ConnectionError:
-            pass  # the server closes the connection as it goes
+        """Shut the victim down, its replicas first (none takes its place)."""
+        for replica in self.cluster.get_replicas():
+            node = redis.Redis(host=replica.host, port=replica.port)
+            if int(node.info("replication").get("master_port", 0)) == self.victim.port:
+                _shutdown(node)
+        _shutdown(redis.Redis(host=self.victim.host, port=self.victim.port))
 
     def close(self) -> None:
         self.cluster.close()
 
 
-@pytest.fixture
-def one_master_down() -> Iterator[OneMasterDown]:
-    with embedded_cluster() as url:
-        down = OneMasterDown(url)
+def _shutdown(node: redis.Redis) -> None:
+    try:
+        node.shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass  # the server closes the connection as it goes
+    finally:
+        node.close()
+
+
+@contextlib.contextmanager
+def one_master_down_of(holding: str | None = None, replicas: int = 0) -> Iterator[OneMasterDown]:
+    """A cluster of its own with :class:`OneMasterDown` on it."""
+    cluster = LocalCluster(masters=3, replicas=replicas).start()
+    try:
+        down = OneMasterDown(cluster.url, holding)
         try:
             yield down
         finally:
             down.close()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def one_master_down() -> Iterator[OneMasterDown]:
+    with one_master_down_of() as down:
+        yield down
 
 
 def a_beat_later(cluster: RedisCluster, group: str, instance_id: str) -> None:
@@ -111,10 +153,7 @@ def test_producer_and_checker_start_and_serve_healthy_masters_when_one_master_is
 ) -> None:
     down = one_master_down
     cluster, victim = down.cluster, down.victim
-    group, stranded_group = (
-        down.group(),
-        next(g for g in (f"stranded-{i}" for i in range(1000)) if down.on_victim(GroupKeys(g).check_requests)),
-    )
+    group, stranded_group = down.group(), down.stranded_group()
     down_topic = _names_on(cluster, victim.name, True, "down")
     up_topic = _names_on(cluster, victim.name, False, "up")
 
@@ -200,3 +239,124 @@ def test_a_checker_started_while_a_master_is_down_and_producers_read_from_the_ma
         finally:
             survivors.close()
     assert [f[b"transaction_id"].decode() for _, f in cluster.xrange(up_topic)][1] == late.transaction_id
+
+
+def test_at_durability_replica_a_producer_and_a_checker_start_with_a_master_down_and_confirm_on_the_others(
+    make_producer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The level is checked at start on the masters that answer (the dead one is skipped with a warning) and
+    enforced on every call: sends to a healthy master are confirmed by its replica, and the check-back commits."""
+    settings = replace(PATIENT, durability="replica", durability_timeout=5.0)
+    caplog.set_level(logging.WARNING, logger="redis_txmq.durability")
+    with one_master_down_of(replicas=1) as down:
+        cluster = down.cluster
+        up_topic = _names_on(cluster, down.victim.name, False, "up")
+        group = down.group()
+        down.goes_down()
+        with make_producer(group, Answers(default=COMMIT), client=cluster, settings=settings) as producer:
+            sent = producer.send_message_in_transaction(Message(up_topic, b"confirmed"), arg=COMMIT)
+            assert sent.committed_id and not sent.end_error
+            late = producer.send_message_in_transaction(Message(up_topic, b"by check-back"), arg=UNKNOWN)
+            checker = Checker(cluster, settings, scan_interval=0.05)
+            checker.start()
+            with running(checker):
+                wait_until(lambda: cluster.xlen(up_topic) == 2, timeout=60)
+        assert [f[b"transaction_id"].decode() for _, f in cluster.xrange(up_topic)][1] == late.transaction_id
+    skipped = [r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert len(skipped) == 2, "the producer and the checker each checked the level, skipping the dead master"
+    assert all(down.victim.name in message for message in skipped), "the master skipped is named"
+
+
+@pytest.mark.parametrize("api_class", [SyncApi, AsyncioApi], ids=["sync", "async"])
+def test_a_consumer_of_a_topic_on_a_healthy_master_reads_while_another_master_is_down(
+    one_master_down: OneMasterDown, api_class: type
+) -> None:
+    """The consumer's blocking reads go to the master of the topic's stream, not to the node redis-py looks the keys
+    of XREADGROUP up on, which here is the dead master."""
+    down = one_master_down
+    cluster = down.cluster
+    up_topic = _names_on(cluster, down.victim.name, False, "up")
+    with TransactionProducer(down.group(), Answers(default=COMMIT), client=cluster, settings=SETTINGS) as producer:
+        assert producer.send_message_in_transaction(Message(up_topic, b"before"), arg=COMMIT).committed_id
+        down.goes_down()
+        reader, api = RedisCluster.from_url(down.url), api_class()
+        try:
+            consumer = api.Consumer(up_topic, "billing", "c1", client=reader, block=0.2)
+            key_lookups_on(consumer.client, down.victim.name)
+            with consuming(consumer) as handled:
+                assert producer.send_message_in_transaction(Message(up_topic, b"after"), arg=COMMIT).committed_id
+                wait_until(lambda: len(handled) == 2, timeout=60)
+            assert handled == [b"before", b"after"]
+        finally:
+            api.close()
+            reader.close()
+
+
+def test_a_group_whose_check_requests_are_on_the_dead_master_does_not_hold_back_the_checks_of_the_others(
+    one_master_down: OneMasterDown, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Transactions of two producer groups in one topic on a healthy master, one group's request stream on the dead
+    master: the other group's transaction is checked and committed, and the stranded one's checks, never sent, are
+    not counted (it is not dead-lettered however long its master is down)."""
+    down = one_master_down
+    cluster = down.cluster
+    up_topic = _names_on(cluster, down.victim.name, False, "up")
+    stranded_group = down.stranded_group()
+    caplog.set_level(logging.WARNING, logger="checker.worker")
+    with TransactionProducer(stranded_group, Answers(default=UNKNOWN), client=cluster, settings=PATIENT) as stranded:
+        stuck = stranded.send_message_in_transaction(Message(up_topic, b"its group is on the dead master"), UNKNOWN)
+    down.goes_down()
+    with TransactionProducer(down.group(), Answers(default=COMMIT), client=cluster, settings=PATIENT) as producer:
+        late = producer.send_message_in_transaction(Message(up_topic, b"by check-back"), arg=UNKNOWN)
+        checker = Checker(cluster, PATIENT, scan_interval=0.05)
+        with running(checker):
+            wait_until(lambda: cluster.xlen(up_topic) == 1, timeout=60)
+            wait_until(lambda: checker.metrics.errors.labels("check requests")._value.get() >= 2, timeout=60)
+    assert [f[b"transaction_id"].decode() for _, f in cluster.xrange(up_topic)] == [late.transaction_id]
+    keys = TopicKeys(up_topic)
+    assert cluster.hexists(keys.inflight, stuck.transaction_id), "still in flight, not dead-lettered"
+    assert int(cluster.hget(keys.checks, stuck.transaction_id) or 0) == 0, "a check never sent is not counted"
+    assert any(stranded_group in r.getMessage() and "not sent" in r.getMessage() for r in caplog.records)
+
+
+def test_a_checker_goes_on_checking_the_topics_it_knows_while_the_topic_registry_is_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="checker.worker")
+    with one_master_down_of(holding=TOPIC_REGISTRY) as down:
+        cluster = down.cluster
+        up_topic = _names_on(cluster, down.victim.name, False, "up")
+        with TransactionProducer(down.group(), Answers(default=COMMIT), client=cluster, settings=PATIENT) as producer:
+            first = producer.send_message_in_transaction(Message(up_topic, b"checked before"), arg=UNKNOWN)
+            with running(Checker(cluster, PATIENT, scan_interval=0.05)):
+                wait_until(lambda: cluster.xlen(up_topic) == 1, timeout=60)
+                down.goes_down()
+                late = producer.send_message_in_transaction(Message(up_topic, b"checked while it is down"), UNKNOWN)
+                wait_until(lambda: cluster.xlen(up_topic) == 2, timeout=60)
+        published = [f[b"transaction_id"].decode() for _, f in cluster.xrange(up_topic)]
+        assert published == [first.transaction_id, late.transaction_id]
+    unreachable = [r for r in caplog.records if f"topic registry {TOPIC_REGISTRY}" in r.getMessage()]
+    assert len(unreachable) == 1, "logged when it becomes unreachable, not at every scan"
+
+
+def test_a_check_never_sent_gives_its_count_back_once(cluster_url: str) -> None:
+    """``lua/note_requests.lua``: a claimed check whose request could not be sent is taken off the count while the
+    count is still the one its claim left, so a note repeated after a lost reply gives nothing back twice."""
+    client = RedisCluster.from_url(cluster_url)
+    try:
+        topic = f"never-sent-{uuid.uuid4().hex}"
+        with TransactionProducer("never-sent", Answers(default=UNKNOWN), client=client, settings=PATIENT) as producer:
+            tx = producer.send_message_in_transaction(Message(topic, b"asked, never sent"), arg=UNKNOWN)
+        broker, keys = RedisBroker(client, PATIENT), TopicKeys(topic)
+        broker.load_scripts()
+        (claimed,) = broker.claim_checks(keys, 10).to_check
+        assert claimed.check_times == 1
+        note = Checker._never_sent(claimed)
+        assert broker.note_check_requests(keys, [note]).given_back == 1
+        assert broker.note_check_requests(keys, [note]).given_back == 0, "repeated: nothing given back twice"
+        assert client.hget(keys.checks, tx.transaction_id) == b"0"
+        assert client.hexists(keys.inflight, tx.transaction_id)
+        with pytest.raises(TxMQError, match="BADARG"):
+            broker.note_check_requests(keys, [SentCheck(tx.transaction_id, "", "")])
+    finally:
+        client.close()

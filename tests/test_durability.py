@@ -278,3 +278,24 @@ def test_an_unknown_durability_keyword_is_refused_naming_the_levels(producer_cla
             settings=Settings(redis_url="redis://127.0.0.1:1/0", durability_timeout=0),
             durability="aof",
         )
+
+
+def test_a_decision_no_replica_confirmed_still_ends_the_messages_of_its_transaction(
+    replicated: tuple[str, int],
+) -> None:
+    """The decision of a transaction of several messages is on the master but not confirmed: the producer ends the
+    messages with the decision the master holds (the shortfalls logged) instead of leaving them all to the
+    check-back."""
+    url, replica = replicated
+    settings = replace(FAST, redis_url=url, durability="replica", durability_timeout=0.2)
+    with TransactionProducer("durable", checker=lambda m: COMMIT, settings=settings) as producer:
+        with producer.transaction() as tx:
+            tx.send(Message("orders", b"first"))
+            tx.send(Message("orders", b"second"))
+            os.kill(replica, signal.SIGSTOP)
+        os.kill(replica, signal.SIGCONT)
+        assert [r.local_transaction_state for r in tx.results] == [COMMIT, COMMIT]
+        assert all(r.committed_id for r in tx.results)
+        assert sorted(topic_entries(url)) == [f"{tx.transaction_id}.0", f"{tx.transaction_id}.1"], (
+            "ended by the producer, not left in flight for the checker"
+        )

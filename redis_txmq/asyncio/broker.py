@@ -17,7 +17,7 @@ from redis.exceptions import NoScriptError
 from .. import protocol
 from ..config import Settings
 from ..connection import REDIRECTIONS, REDIS_ERRORS, is_async_cluster
-from ..durability import check_server
+from ..durability import check_servers, durability_unchecked
 from ..errors import DurabilityError, TxMQConnectionError, TxMQError
 from ..keys import TOPIC_REGISTRY, TopicKeys, decision_key
 from ..message import LocalTransactionState, Message
@@ -92,19 +92,34 @@ class AsyncRedisBroker:
             await preload(self._prepare, self._end, self._decide)
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
-        if self.durability is not None:
-            nodes = self.client.get_primaries() if self._cluster else [None]
-            for node in nodes:
-                try:
-                    info: dict[str, Any] = {}
-                    for section in ("server", "replication", "persistence"):
-                        options = {} if node is None else {"target_nodes": node}
-                        info.update(await self.client.info(section, **options))
-                except redis.ResponseError:
-                    info = {}  # a user without INFO: check_server says the level could not be checked
-                except REDIS_ERRORS as exc:
-                    raise TxMQConnectionError(f"could not read the server's INFO to check durability: {exc}") from exc
-                check_server(self.durability, "the server" if node is None else node.name, info)
+        await self.check_durability()
+
+    async def check_durability(self) -> None:
+        """Refuse a durability level the server cannot give, at start; warn when fewer replicas than asked are
+        connected now. A cluster master that cannot be reached is skipped with a warning; raises
+        :class:`TxMQConnectionError` only when no server answered (as :meth:`RedisBroker.check_durability`).
+        A cluster client learns its masters on its first command: it is initialized first, or none would be checked."""
+        if self.durability is None:
+            return
+        if self._cluster:
+            try:
+                await self.client.initialize()
+            except REDIS_ERRORS as exc:
+                raise durability_unchecked(self.durability, exc) from exc
+        answers: list[tuple[str, dict[str, Any] | Exception]] = []
+        for node in self.client.get_primaries() if self._cluster else [None]:
+            address, options = ("the server", {}) if node is None else (node.name, {"target_nodes": node})
+            info: dict[str, Any] = {}
+            try:
+                for section in ("server", "replication", "persistence"):
+                    info.update(await self.client.info(section, **options))
+            except redis.ResponseError:
+                info = {}  # a user without INFO: check_server says the level could not be checked
+            except REDIS_ERRORS as exc:
+                answers.append((address, exc))
+                continue
+            answers.append((address, info))
+        check_servers(self.durability, answers)
 
     def registered_streams(self) -> frozenset[str]:
         return frozenset(self._registered)
@@ -170,14 +185,19 @@ class AsyncRedisBroker:
         action: LocalTransactionState | RecordAction,
         source: EndSource,
         indices: Iterable[int] = (),
+        *,
+        unconfirmed_ok: bool = False,
     ) -> TransactionRecord:
         """Write to the record of a transaction of several messages (see the sync broker)."""
         args = protocol.decide_args(transaction_id, producer_group, action, source, self.settings, indices)
         try:
             reply = await self._run_keys(self._decide, [decision_key(transaction_id)], args)
         except DurabilityError as exc:
-            protocol.record_result(exc.replies[0], transaction_id)
-            raise
+            record = protocol.record_result(exc.replies[0], transaction_id)
+            if not unconfirmed_ok:
+                raise
+            protocol.decision_not_durable(transaction_id, exc)
+            return record
         except REDIS_ERRORS as exc:
             raise protocol.decide_call_error(exc, transaction_id) from exc
         return protocol.record_result(reply, transaction_id)

@@ -266,7 +266,7 @@ class TransactionProducer:
         self, many: ManyState, state: LocalTransactionState, remark: str | None
     ) -> tuple[LocalTransactionState, list[Any]]:
         record = await self.broker.decide(
-            many.transaction_id, self.producer_group, state, EndSource.PRODUCER, many.failed
+            many.transaction_id, self.producer_group, state, EndSource.PRODUCER, many.failed, unconfirmed_ok=True
         )
         many.voided(set(many.failed))
         state = many.standing(state, record)
