@@ -9,6 +9,7 @@ checker had read are claimed by a live one after ``claim_idle``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -55,6 +56,7 @@ from redis_txmq.protocol import (
     GivenUp,
     RecordAction,
     SentCheck,
+    TransactionRecord,
     message_index,
 )
 
@@ -74,6 +76,9 @@ class RoundStats:
 
 _FAILED = object()
 """What a guarded step of :meth:`Checker.run` returns when it failed."""
+
+_RECORD_UNREAD = TxMQConnectionError("the record of its transaction cannot be read")
+"""Why a claimed message of a transaction of several was not asked about: its record's master is down."""
 
 SCAN_BATCHES = 10
 """Claim calls per topic in one scan (each up to ``batch_size`` transactions)."""
@@ -267,17 +272,23 @@ class Checker:
             if batch == SCAN_BATCHES - 1:
                 stats.more_due = True
 
-    def _settle_decided(self, keys: TopicKeys, due: list[DueCheck]) -> list[DueCheck]:
+    def _settle_decided(self, keys: TopicKeys, due: list[DueCheck]) -> tuple[list[DueCheck], list[DueCheck]]:
         """End the messages of transactions of several messages that their record settles without asking anybody:
         decided ones (their producer died before ending them all) with the decision, those whose send did not
-        return with ROLLBACK (whatever the decision); returns the claimed transactions left to ask about."""
+        return with ROLLBACK (whatever the decision). Returns the claimed transactions left to ask about, and those
+        whose record could not be read (its cluster master is down): they are not asked this round, and their
+        check is given back."""
         parents = sorted({check.parent_transaction_id for check in due if check.parent_transaction_id})
         if not parents:
-            return due
-        records = self.broker.decisions(parents)
+            return due, []
+        records = self._records(parents)
         ends: list[EndCall] = []
         left: list[DueCheck] = []
+        unread: list[DueCheck] = []
         for check in due:
+            if check.parent_transaction_id and check.parent_transaction_id not in records:
+                unread.append(check)
+                continue
             record = records.get(check.parent_transaction_id)
             outcome = record.outcome_of(check.transaction_id) if record is not None else None
             if outcome is None:
@@ -285,7 +296,23 @@ class Checker:
                 continue
             ends.append(self._end_by_record(keys, check.transaction_id, check.producer_group, check.half_id, outcome))
         self._end_by_records(keys, ends)
-        return left
+        return left, unread
+
+    def _records(self, parents: list[str]) -> dict[str, TransactionRecord]:
+        """The records of ``parents``, read in one pipeline; when that fails (a cluster master is down), one by
+        one, leaving out those that cannot be read."""
+        try:
+            return self.broker.decisions(parents)
+        except REDIS_ERRORS:
+            pass
+        records: dict[str, TransactionRecord] = {}
+        for parent in parents:
+            try:
+                records.update(self.broker.decisions([parent]))
+            except REDIS_ERRORS as exc:
+                self.metrics.errors.labels("records").inc()
+                logger.warning("tx=%s its record cannot be read: %s; its messages wait", parent, exc)
+        return records
 
     @staticmethod
     def _end_by_record(
@@ -317,47 +344,82 @@ class Checker:
         """Messages of transactions of several messages past ``check_max`` or ``max_age``: the record of each
         transaction is pinned first (so it outlives the dead letters); a message whose transaction is decided (or
         whose send did not return) is ended by the record, never dead-lettered; the others are dead-lettered. A
-        decision that lands between the pin and the burial resolves the new dead letter at once. Returns the
-        number dead-lettered."""
+        decision that lands between the pin and the burial resolves the new dead letter at once. A message whose
+        record cannot be reached (its cluster master is down) fails alone and is given up again one
+        ``check_interval`` later. Returns the number dead-lettered."""
         ends: list[EndCall] = []
-        buried: list[tuple[GivenUp, str]] = []
+        buried: list[GivenUp] = []
         for part in given_up:
-            index = message_index(part.parent_transaction_id, part.transaction_id)
             try:
-                record = self.broker.decide(
-                    part.parent_transaction_id,
-                    part.producer_group,
-                    RecordAction.PIN,
-                    EndSource.CHECKER,
-                    [] if index is None else [index],
+                outcome = self._pin(part)
+                if outcome is not None:
+                    ends.append(
+                        self._end_by_record(keys, part.transaction_id, part.producer_group, part.half_id, outcome)
+                    )
+                    self._unpin(part)  # pinned by an earlier give-up whose burial failed
+                    continue
+                dead_id = self.broker.bury_half(
+                    keys, part.transaction_id, part.half_id, part.reason, part.producer_group
                 )
-            except TransactionError as exc:  # a record of another producer group: not this message's transaction
-                logger.error(
-                    "tx=%s topic=%s its transaction's record refused: %s", part.transaction_id, keys.topic, exc
-                )
-                outcome = None
-            else:
-                outcome = record.outcome_of(part.transaction_id)
-            if outcome is not None:
-                ends.append(self._end_by_record(keys, part.transaction_id, part.producer_group, part.half_id, outcome))
+                if not dead_id:  # ended meanwhile: nothing of it is dead-lettered
+                    self._unpin(part)
+                    continue
+            except (*REDIS_ERRORS, TxMQError) as exc:
+                self.metrics.errors.labels("give up").inc()
+                logger.warning("tx=%s topic=%s not given up this round: %s", part.transaction_id, keys.topic, exc)
+                with contextlib.suppress(*REDIS_ERRORS, TxMQError):
+                    self._unpin(part)  # it stays in flight: given up again one check_interval later
                 continue
-            dead_id = self.broker.bury_half(keys, part.transaction_id, part.half_id, part.reason, part.producer_group)
-            if dead_id:
-                logger.warning("tx=%s topic=%s dead-lettered: %s", part.transaction_id, keys.topic, part.reason)
-                self.metrics.dead_letters.labels(keys.topic).inc()
-                buried.append((part, dead_id))
-            elif index is not None:  # ended meanwhile: nothing of it is dead-lettered
-                self.broker.decide(
-                    part.parent_transaction_id, part.producer_group, RecordAction.UNPIN, EndSource.CHECKER, [index]
-                )
+            logger.warning("tx=%s topic=%s dead-lettered: %s", part.transaction_id, keys.topic, part.reason)
+            self.metrics.dead_letters.labels(keys.topic).inc()
+            buried.append(part)
         self._end_by_records(keys, ends)
         if buried:
-            records = self.broker.decisions(sorted({part.parent_transaction_id for part, _ in buried}))
-            for part, _ in buried:
-                outcome = records[part.parent_transaction_id].outcome_of(part.transaction_id)
-                if outcome is not None:  # decided between the pin and the burial
-                    resolve_dead_part(self.broker, keys, part.transaction_id, part.producer_group, outcome)
+            self._resolve_decided(keys, [(part.transaction_id, part.producer_group) for part in buried])
         return len(buried)
+
+    def _pin(self, part: GivenUp) -> LocalTransactionState | None:
+        """Pin the record of ``part``'s transaction; the outcome the record gives ``part`` (None: undecided)."""
+        index = message_index(part.parent_transaction_id, part.transaction_id)
+        try:
+            record = self.broker.decide(
+                part.parent_transaction_id,
+                part.producer_group,
+                RecordAction.PIN,
+                EndSource.CHECKER,
+                [] if index is None else [index],
+            )
+        except TransactionError as exc:  # a record of another producer group: not this message's transaction
+            logger.error("tx=%s its transaction's record refused: %s", part.transaction_id, exc)
+            return None
+        return record.outcome_of(part.transaction_id)
+
+    def _unpin(self, part: GivenUp) -> None:
+        index = message_index(part.parent_transaction_id, part.transaction_id)
+        if index is not None:
+            self.broker.decide(
+                part.parent_transaction_id, part.producer_group, RecordAction.UNPIN, EndSource.CHECKER, [index]
+            )
+
+    def _resolve_decided(self, keys: TopicKeys, dead: list[tuple[str, str]]) -> int:
+        """Resolve the dead letters ``(transaction id, producer group)`` of messages whose transaction has been
+        decided since they were dead-lettered (by its producer, a check-back or an operator) with the outcome its
+        record gives each; returns how many."""
+        parents = sorted({txid.rpartition(".")[0] for txid, _ in dead})
+        records = self.broker.decisions(parents)
+        resolved = 0
+        for txid, group in dead:
+            outcome = records[txid.rpartition(".")[0]].outcome_of(txid)
+            if outcome is not None:
+                resolve_dead_part(self.broker, keys, txid, group, outcome)
+                logger.info(
+                    "tx=%s topic=%s dead letter resolved %s by its transaction's record",
+                    txid,
+                    keys.topic,
+                    outcome.value,
+                )
+                resolved += 1
+        return resolved
 
     def _send_requests(self, keys: TopicKeys, due: list[DueCheck]) -> int:
         """Send one check request per claimed transaction, replacing the one still pending from its last check (at
@@ -374,15 +436,15 @@ class Checker:
         group whose stream cannot be written (its cluster master is down) fails alone, logged and counted in
         ``txmq_checker_errors`` (step ``check requests``), and the checks it was not sent give their count back (a
         check never sent is no answer): they are asked again one ``check_interval`` later."""
-        due = self._settle_decided(keys, due)
-        if not due:
+        due, unread = self._settle_decided(keys, due)
+        if not due and not unread:
             return 0
-        outcomes: list[tuple[DueCheck, SentCheck | Exception]] = []
+        outcomes: list[tuple[DueCheck, SentCheck | Exception]] = [(check, _RECORD_UNREAD) for check in unread]
         for batch in self._by_master(due):
             outcomes += self._send_batch(keys, batch)
         sent = [note for _, note in outcomes if isinstance(note, SentCheck)]
         failed = [(check, exc) for check, exc in outcomes if isinstance(exc, Exception)]
-        self._not_sent(keys, failed)
+        self._not_sent(keys, [(check, exc) for check, exc in failed if exc is not _RECORD_UNREAD])
         notes = [*sent, *(self._never_sent(check) for check, _ in failed)]
         stale = set(self.broker.note_check_requests(keys, notes).stale)
         if stale:
@@ -518,7 +580,29 @@ class Checker:
                 logger.error("topic=%s half entry %s dead-lettered: %s", keys.topic, entry_id, reason)
                 self.metrics.dead_letters.labels(keys.topic).inc()
             buried_total += len(buried)
+            try:
+                self._resolve_dead_of_decided(keys)
+            except (*REDIS_ERRORS, TxMQError) as exc:
+                self.metrics.topic_errors.labels(keys.topic).inc()
+                logger.error("checker %s: topic=%s dead letters not reconciled: %s", self.instance_id, keys.topic, exc)
         return buried_total
+
+    def _resolve_dead_of_decided(self, keys: TopicKeys) -> int:
+        """Dead letters of messages of transactions of several messages whose transaction was decided after they
+        were dead-lettered (its producer's block committed later, or a check-back answered for another of its
+        messages): resolved with the decision, so the transaction does not stay half published until an operator
+        looks. Dead letters are few: one HSCAN of the topic's dead-letter index per sweep."""
+        dead = [entries.text(member) or "" for member, _ in self.client.hscan_iter(keys.dead_index, match="*.*")]
+        parents = sorted({txid.rpartition(".")[0] for txid in dead})
+        if not parents:
+            return 0
+        records = self._records(parents)
+        decided = [
+            (txid, records[parent].producer_group)
+            for txid in dead
+            if (parent := txid.rpartition(".")[0]) in records and records[parent].outcome is not None
+        ]
+        return self._resolve_decided(keys, decided) if decided else 0
 
     def _observe_in_flight(self, topics: list[TopicKeys]) -> None:
         """``txmq_in_flight{topic}``: the sum over the topic's partitions."""

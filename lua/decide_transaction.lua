@@ -21,8 +21,8 @@
 -- ARGV[4] source           who acts: producer | checker | operator
 -- ARGV[5] keep_ms          how long the record is kept once none of its messages is dead-lettered
 -- ARGV[6] indices          message indices, space-separated, '' for none
--- Reply: {'OK', outcome or '', voided, status} with status DECIDED (this call decided) | DUPLICATE (a decision
---        stood) | UNDECIDED, or {'ERR', code, detail} with code BADARG | GROUP_MISMATCH.
+-- Reply: {'OK', outcome or '', voided, status, dead} with status DECIDED (this call decided) | DUPLICATE (a
+--        decision stood) | UNDECIDED, or {'ERR', code, detail} with code BADARG | GROUP_MISMATCH.
 
 local txid, group, action, source, keep_ms, indices = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 if txid == '' or group == '' or source == '' then
@@ -47,7 +47,7 @@ if owner and owner ~= group then
   return {'ERR', 'GROUP_MISMATCH', 'the transaction belongs to producer group ' .. tostring(owner)}
 end
 if action == 'READ' then
-  return {'OK', outcome or '', voided, outcome and 'DUPLICATE' or 'UNDECIDED'}
+  return {'OK', outcome or '', voided, outcome and 'DUPLICATE' or 'UNDECIDED', dead}
 end
 
 -- ' 1 4 ' with ' 7 ' added, each index once
@@ -96,4 +96,4 @@ if redis.call('EXISTS', record) == 1 then
     redis.call('PEXPIRE', record, keep_ms)
   end
 end
-return {'OK', outcome or '', voided, status}
+return {'OK', outcome or '', voided, status, dead}

@@ -43,6 +43,7 @@ TRANSACTION_COMMANDS = (
     "hincrby",
     "hlen",
     "hmget",
+    "hscan",
     "sadd",
     "smembers",
     "smismember",

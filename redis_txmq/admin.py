@@ -371,6 +371,8 @@ def resolve_dead_part(
 def _unpin(broker: RedisBroker, parent: str, producer_group: str, transaction_ids: list[str]) -> None:
     """These messages of ``parent`` are no longer dead-lettered: its record may expire once none is."""
     indices = [i for i in (message_index(parent, txid) for txid in transaction_ids) if i is not None]
+    if not producer_group and indices:  # resolved before (the dead letter is gone): the record names its group
+        producer_group = broker.decisions([parent])[parent].producer_group
     if producer_group and indices:
         broker.decide(parent, producer_group, RecordAction.UNPIN, EndSource.OPERATOR, indices)
 

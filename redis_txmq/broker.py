@@ -196,7 +196,7 @@ class RedisBroker:
             return {}
         pipe = self.client.pipeline(transaction=False)
         for transaction_id in transaction_ids:
-            pipe.hmget(decision_key(transaction_id), "outcome", "voided")
+            pipe.hmget(decision_key(transaction_id), "outcome", "voided", "producer_group")
         return protocol.records_read(transaction_ids, pipe.execute())
 
     def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:

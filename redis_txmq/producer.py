@@ -260,7 +260,9 @@ class TransactionProducer:
                 raise refusal from exc
             return None
         many.voided(pending)
-        self._roll_back_failed_sends(many, pending)
+        self._roll_back_failed_sends(many, many.to_roll_back(record, pending))
+        if raise_error and record.outcome is not None:
+            raise many.decided_while_open(record)
         return record
 
     def _end_many(
@@ -283,13 +285,25 @@ class TransactionProducer:
                 many.voided(set(many.failed))
                 state = many.standing(state, record)
                 ended = self.broker.end_transactions(many.end_calls(state, remark))
+                self._release(many, many.ended_while_pinned(record, ended))
             except TxMQError as exc:
                 ended = exc
             else:
-                self._roll_back_failed_sends(many, set(many.failed))
+                self._roll_back_failed_sends(many, many.to_roll_back(record, set(many.failed)))
         elif many.failed:
             self._void_failed_sends(many)
         return many.finish(state, remark, ended)
+
+    def _release(self, many: ManyState, indices: set[int]) -> None:
+        """Best effort: a record left pinned is released when its messages are ended or resolved later."""
+        if not indices:
+            return
+        try:
+            self.broker.decide(
+                many.transaction_id, self.producer_group, RecordAction.UNPIN, EndSource.PRODUCER, indices
+            )
+        except TxMQError as exc:
+            logger.info("tx=%s record not released for %s: %s", many.transaction_id, sorted(indices), exc)
 
     def _roll_back_failed_sends(self, many: ManyState, indices: set[int]) -> None:
         """Best effort: a half message left behind is rolled back by the checker (the record voids it)."""

@@ -164,6 +164,10 @@ class TransactionRecord:
     outcome: LocalTransactionState | None
     voided: frozenset[int] = frozenset()
     decided_now: bool = False
+    producer_group: str = ""
+    """The group that wrote the record ('' when unknown: not read, or no record)."""
+    dead: frozenset[int] = frozenset()
+    """The indices of its messages the checker dead-lettered (as a call of the script returns them)."""
 
     def outcome_of(self, message_transaction_id: str) -> LocalTransactionState | None:
         """What message ``<X>.<i>`` is ended with: ROLLBACK when its send did not return (whatever the decision),
@@ -206,7 +210,7 @@ def decide_call_error(exc: Exception, transaction_id: str) -> TxMQConnectionErro
 
 def record_result(reply: Any, transaction_id: str) -> TransactionRecord:
     """The record as a call of ``lua/decide_transaction.lua`` left it."""
-    status, first, second, third = reply_strings(reply, 4)
+    status, first, second, third, fourth = reply_strings(reply, 5)
     if status != "OK":
         where = f"transaction {transaction_id}"
         if first == "GROUP_MISMATCH":
@@ -219,6 +223,7 @@ def record_result(reply: Any, transaction_id: str) -> TransactionRecord:
         LocalTransactionState(first) if first else None,
         frozenset(int(i) for i in second.split()),
         third == "DECIDED",
+        dead=frozenset(int(i) for i in fourth.split()),
     )
 
 
@@ -232,14 +237,16 @@ def decision_not_durable(transaction_id: str, exc: DurabilityError) -> None:
 
 
 def records_read(transaction_ids: list[str], replies: list[Any]) -> dict[str, TransactionRecord]:
-    """The records read back (``HMGET outcome voided`` of each), by transaction id; absent ones are undecided."""
+    """The records read back (``HMGET outcome voided producer_group`` of each), by transaction id; absent ones are
+    undecided."""
     found: dict[str, TransactionRecord] = {}
-    for transaction_id, (outcome, voided) in zip(transaction_ids, replies, strict=True):
+    for transaction_id, (outcome, voided, group) in zip(transaction_ids, replies, strict=True):
         name = entries.text(outcome)
         found[transaction_id] = TransactionRecord(
             transaction_id,
             LocalTransactionState(name) if name in ("COMMIT", "ROLLBACK") else None,
             frozenset(int(i) for i in (entries.text(voided) or "").split() if i.isdigit()),
+            producer_group=entries.text(group) or "",
         )
     return found
 
@@ -289,7 +296,7 @@ def refuse_topic_key(kind: Any, keys: TopicKeys, message: Message, transaction_i
 
 
 def prepare_result(reply: Any, message: Message, transaction_id: str) -> PrepareResult:
-    status, first, second, third = reply_strings(reply, 4)
+    status, first, second, third, fourth = reply_strings(reply, 5)
     if status != "OK":
         raise PrepareError(f"topic {message.topic!r}, transaction {transaction_id}: prepare refused: {first} {second}")
     return PrepareResult(half_id=first, state=second, duplicate=third == "DUPLICATE")

@@ -224,6 +224,34 @@ class ManyState:
             f"({exc}); nothing was written: retry, or leave the block to roll the transaction back"
         )
 
+    def to_roll_back(self, record: TransactionRecord, indices: set[int]) -> set[int]:
+        """Of the failed sends ``indices``, those the producer rolls back: all while the transaction is undecided;
+        once it is decided, those the record voids (the others follow the decision, as the checker ends them)."""
+        return set(indices) if record.outcome is None else set(indices) & set(record.voided)
+
+    def decided_while_open(self, record: TransactionRecord) -> PrepareError:
+        """The refusal of a send after the transaction was decided while its block was still open (by a check-back
+        or an operator): a message sent now would follow a decision its local transaction did not make."""
+        assert record.outcome is not None
+        failed = sorted(i for i in self.failed if i not in record.voided)
+        follows = f"; the failed send(s) {failed} follow it: do not send them again" if failed else ""
+        return PrepareError(
+            f"transaction {self.transaction_id}: already decided {record.outcome.value} (by a check-back or an "
+            f"operator) while its block is open: nothing more can be sent in it{follows}"
+        )
+
+    def ended_while_pinned(self, record: TransactionRecord, ended: list[EndResult | TxMQError]) -> set[int]:
+        """Messages the record holds as dead-lettered that this producer's ends ended all the same (the checker
+        pinned the record, then could not bury them): the record lets go of them."""
+        if not record.dead:
+            return set()
+        return {
+            index
+            for part, result in zip(self.parts, ended, strict=True)
+            if (index := message_index(self.transaction_id, part.transaction_id)) in record.dead
+            and isinstance(result, EndResult)
+        }
+
     def rollback_calls(self, indices: set[int]) -> list[EndCall]:
         """Roll back the half messages the failed sends ``indices`` may have written (those whose topic is known)."""
         return [
@@ -256,8 +284,9 @@ class ManyState:
             return PrepareError(
                 f"{where}: the send failed ({cause}); its half message may have been written and could not be "
                 "marked as failed yet: the next send or the end of the transaction marks it, and it is never "
-                "published then. If this process dies first, the check-back may publish it with the transaction. "
-                "Sending the message again adds it as a new message of the transaction"
+                "published then, unless the transaction was decided meanwhile (by a check-back or an operator: the "
+                "next send then says so, and it follows that decision). If this process dies first, the check-back "
+                "may publish it with the transaction. Sending the message again adds it as a new message"
             )
         return PrepareError(
             f"{where}: the send failed ({cause}); its half message, if written, is rolled back whatever the "

@@ -22,7 +22,7 @@ from redis_txmq import (
 )
 from redis_txmq.admin import resolve_dead_transaction
 from redis_txmq.cli import main
-from redis_txmq.errors import TransactionConflictError
+from redis_txmq.errors import ProducerGroupMismatchError, TransactionConflictError
 from redis_txmq.keys import decision_key, topic_keys_of_stream
 from redis_txmq.protocol import DeadAction, EndSource
 
@@ -381,3 +381,222 @@ def test_a_message_of_a_decided_transaction_is_ended_with_the_decision_not_dead_
         producer.broker.decide(tx.transaction_id, "order_group", COMMIT, EndSource.PRODUCER)  # its ends never came
         wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
     assert bodies(client, "orders") == [b"order 1"] and dead_letters(client, "orders") == 0
+
+
+def async_lose_the_reply_of(broker, body: bytes):
+    """:func:`lose_the_reply_of` for the asyncio producer's broker; returns the original prepare."""
+    prepare = broker.prepare_half
+
+    async def prepare_half(keys, message, *args, **kwargs):
+        result = await prepare(keys, message, *args, **kwargs)
+        if message.body == body:
+            raise PrepareError(f"topic {keys.topic!r}: the reply was lost")
+        return result
+
+    broker.prepare_half = prepare_half
+    return prepare
+
+
+async def async_settle(checker, client, *streams: str, timeout: float = 10.0):
+    """Run check rounds until nothing is in flight; the asyncio producer answers checks in between."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while in_flight(client, *streams):
+        assert loop.time() < deadline, "still in flight at the deadline"
+        checker.run_round()
+        await asyncio.sleep(0.05)
+
+
+def test_asyncio_a_send_that_raised_is_rolled_back_at_once_and_its_retry_is_published_once(real_client, redis_url):
+    """The asyncio twin of the sync test: the failed send is marked in the record and its half message rolled back
+    by the producer itself (not left to the checker), and the error says so."""
+    from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+
+    async def main():
+        async with AsyncTransactionProducer(
+            "order_group", ScriptedListener(), redis_url=redis_url, settings=FAST_CHECKS
+        ) as producer:
+            prepare = async_lose_the_reply_of(producer.broker, b"invoice")
+            async with producer.transaction() as tx:
+                await tx.send(Message("orders", b"order 1"))
+                with pytest.raises(PrepareError, match="rolled back whatever the transaction decides"):
+                    await tx.send(Message("orders", b"invoice"))
+                assert real_client.hget(decision_key(tx.transaction_id), "voided") == b" 1 "
+                assert in_flight(real_client, "orders") == 1, "the failed send's half message is rolled back now"
+                producer.broker.prepare_half = prepare
+                await tx.send(Message("orders", b"invoice"))
+            return tx
+
+    tx = asyncio.run(main())
+    assert [r.local_transaction_state for r in tx.results] == [COMMIT, COMMIT]
+    assert in_flight(real_client, "orders") == 0
+    ids = [f[b"transaction_id"].decode() for _, f in real_client.xrange("orders")]
+    assert ids == [f"{tx.transaction_id}.0", f"{tx.transaction_id}.2"]
+    assert sorted(bodies(real_client, "orders")) == [b"invoice", b"order 1"]
+
+
+def test_asyncio_a_block_whose_every_send_raised_leaves_nothing_in_flight(real_client, redis_url):
+    """Nothing to decide (no send returned): leaving the block marks the failed sends and rolls back their half
+    messages at once."""
+    from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+
+    async def main():
+        async with AsyncTransactionProducer(
+            "order_group", ScriptedListener(), redis_url=redis_url, settings=FAST_CHECKS
+        ) as producer:
+            async_lose_the_reply_of(producer.broker, b"invoice")
+            decide = producer.broker.decide
+            refusals = iter([TxMQConnectionError("Redis unreachable")] * 2)
+
+            async def decide_unreachable_twice(*args, **kwargs):
+                for refusal in refusals:  # the send's own mark and the next send's fail: the block's end marks it
+                    raise refusal
+                return await decide(*args, **kwargs)
+
+            producer.broker.decide = decide_unreachable_twice
+            async with producer.transaction() as tx:
+                with pytest.raises(PrepareError, match="could not be marked as failed yet"):
+                    await tx.send(Message("orders", b"invoice"))
+                with pytest.raises(PrepareError, match="cannot be marked as failed"):
+                    await tx.send(Message("orders", b"other"))
+                assert in_flight(real_client, "orders") == 1, "the refused send wrote nothing"
+            return tx
+
+    tx = asyncio.run(main())
+    assert tx.results == []
+    assert real_client.hget(decision_key(tx.transaction_id), "voided") == b" 0 "
+    assert in_flight(real_client, "orders") == 0 and bodies(real_client, "orders") == []
+
+
+def test_asyncio_a_decision_that_cannot_be_written_leaves_the_messages_to_the_check_back(real_client, redis_url):
+    """The end of the block cannot reach Redis: each result says its end failed, every message stays in flight,
+    and the check-back asks the producer group about the transaction's id (the one its messages carry)."""
+    from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+
+    listener = ScriptedListener(check_answer=COMMIT)
+
+    async def main():
+        async with AsyncTransactionProducer(
+            "order_group", listener, redis_url=redis_url, settings=FAST_CHECKS
+        ) as producer:
+            decide = producer.broker.decide
+
+            async def unreachable(*args, **kwargs):
+                raise TxMQConnectionError("Redis unreachable")
+
+            producer.broker.decide = unreachable
+            async with producer.transaction() as tx:
+                await tx.send(Message("orders", b"order 1"))
+                await tx.send(Message("orders", b"order 2"))
+            assert all("Redis unreachable" in (r.end_error or "") for r in tx.results), tx.results
+            assert in_flight(real_client, "orders") == 2
+            producer.broker.decide = decide
+            await async_settle(Checker(real_client, FAST_CHECKS), real_client, "orders")
+            return tx
+
+    tx = asyncio.run(main())
+    assert {m.transaction_id for m in listener.checked} == {tx.transaction_id}, "asked about the transaction's id"
+    assert sorted(bodies(real_client, "orders")) == [b"order 1", b"order 2"]
+
+
+def test_a_recheck_puts_every_dead_lettered_message_of_the_transaction_back_in_flight(real_client):
+    """`txmq dead recheck` of one message of a transaction of several re-checks all of them; the check-back's answer
+    then decides the whole transaction."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1)
+    listener = ScriptedListener(check_answer=UNKNOWN)
+    with TransactionProducer("order_group", listener, client=real_client, settings=settings) as producer:
+        results = producer.send_messages_in_transaction([Message("orders", b"1"), Message("orders", b"2")], UNKNOWN)
+        checker = Checker(real_client, settings)
+        wait_until(lambda: checker.run_round() is not None and dead_letters(real_client, "orders") == 2)
+        parent, resolved = resolve_dead_transaction(checker.broker, results[1].transaction_id, DeadAction.RECHECK)
+        assert parent == results[0].transaction_id.rpartition(".")[0]
+        assert sorted(r.transaction_id for r in resolved) == sorted(r.transaction_id for r in results)
+        assert dead_letters(real_client, "orders") == 0 and in_flight(real_client, "orders") == 2
+        listener.check_answer = COMMIT
+        wait_until(lambda: checker.run_round() is not None and in_flight(real_client, "orders") == 0)
+    assert sorted(bodies(real_client, "orders")) == [b"1", b"2"]
+
+
+def test_a_decision_that_lands_as_its_message_is_dead_lettered_resolves_the_dead_letter(client):
+    """The checker gives up on a message and pins its transaction's record; the producer's decision lands between
+    the pin and the burial: the new dead letter is resolved with the decision at once, not left to an operator."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1)
+    with TransactionProducer("order_group", ScriptedListener(), client=client, settings=settings) as producer:
+        tx = producer.transaction()
+        with tx:
+            tx.send(Message("orders", b"order 1"))
+            tx.state.results = []  # the decision is late
+        checker = Checker(client, settings)
+        wait_until(lambda: checker.run_round().checks_sent == 1)
+        bury = checker.broker.bury_half
+
+        def decided_meanwhile(*args, **kwargs):
+            producer.broker.decide(tx.transaction_id, "order_group", COMMIT, EndSource.PRODUCER)
+            return bury(*args, **kwargs)
+
+        checker.broker.bury_half = decided_meanwhile
+        wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
+    assert bodies(client, "orders") == [b"order 1"] and dead_letters(client, "orders") == 0
+    assert client.pttl(decision_key(tx.transaction_id)) > 0, "no dead letter left: the record expires"
+
+
+def test_the_record_of_a_transaction_refuses_another_producer_group(client):
+    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
+        tx = producer.transaction()
+        with tx:
+            tx.send(Message("orders", b"order 1"))
+            tx.state.results = []
+        producer.broker.decide(tx.transaction_id, "order_group", COMMIT, EndSource.PRODUCER)
+        with pytest.raises(ProducerGroupMismatchError, match=tx.transaction_id) as raised:
+            producer.broker.decide(tx.transaction_id, "billing_group", ROLLBACK, EndSource.CHECKER)
+        assert raised.value.transaction_id == tx.transaction_id
+
+
+def test_an_operator_commit_rolls_back_a_dead_lettered_message_whose_send_raised(client):
+    """Both messages were dead-lettered before the block ended (slow local transaction); the second's send had
+    raised, so the decision voids it: committing the transaction by hand publishes the first only."""
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1)
+    with TransactionProducer("order_group", ScriptedListener(), client=client, settings=settings) as producer:
+        lose_the_reply_of(producer.broker, b"invoice")
+        decide = producer.broker.decide
+
+        def unreachable(*args, **kwargs):
+            raise TxMQConnectionError("Redis unreachable")
+
+        checker = Checker(client, settings)
+        with producer.transaction() as tx:
+            tx.send(Message("orders", b"order 1"))
+            producer.broker.decide = unreachable
+            with pytest.raises(PrepareError, match="could not be marked as failed yet"):
+                tx.send(Message("orders", b"invoice"))
+            wait_until(lambda: checker.run_round() is not None and dead_letters(client, "orders") == 2)
+            producer.broker.decide = decide
+        assert client.hget(decision_key(tx.transaction_id), "voided") == b" 1 "
+        parent, resolved = resolve_dead_transaction(checker.broker, f"{tx.transaction_id}.0", DeadAction.COMMIT)
+        assert parent == tx.transaction_id and len(resolved) == 2
+    assert bodies(client, "orders") == [b"order 1"] and dead_letters(client, "orders") == 0
+
+
+def test_a_failed_send_whose_rollback_was_lost_stays_unpublished_when_the_check_back_commits(client):
+    """The failed send is marked in the record, but the producer's own rollback of its half message is lost and
+    the process dies: the check-back answers COMMIT, and the checker rolls that half message back by the record."""
+    listener = ScriptedListener(check_answer=COMMIT)
+    with TransactionProducer("order_group", listener, client=client, settings=FAST_CHECKS) as producer:
+        lose_the_reply_of(producer.broker, b"invoice")
+        end_transactions = producer.broker.end_transactions
+
+        def unreachable(*args, **kwargs):
+            raise TxMQConnectionError("Redis unreachable")
+
+        tx = producer.transaction()
+        with tx:
+            tx.send(Message("orders", b"order 1"))
+            producer.broker.end_transactions = unreachable
+            with pytest.raises(PrepareError, match="rolled back whatever the transaction decides"):
+                tx.send(Message("orders", b"invoice"))
+            producer.broker.end_transactions = end_transactions
+            tx.state.results = []  # the process is gone before its block ends
+        assert in_flight(client, "orders") == 2
+        checker = Checker(client, FAST_CHECKS)
+        wait_until(lambda: checker.run_round() is not None and in_flight(client, "orders") == 0)
+    assert bodies(client, "orders") == [b"order 1"]

@@ -158,3 +158,18 @@ def test_without_a_tracer_provider_nothing_is_added(real_client: Any, redis_url:
             pass
     ((_, fields),) = real_client.xrange(KEYS.topic_stream)
     assert TRACEPARENT.encode() not in fields.get(b"properties", b"")
+
+
+def test_each_message_of_a_transaction_of_several_has_its_send_span(
+    spans: InMemorySpanExporter, real_client: Any, redis_url: str
+):
+    with TransactionProducer("order_group", checker=lambda m: COMMIT, redis_url=redis_url) as producer:
+        with producer.transaction() as tx:
+            tx.send(Message("orders", b"1"))
+            tx.send(Message("orders", b"2"))
+    sends = named(spans, "send orders")
+    assert sorted(span.attributes["messaging.message.id"] for span in sends) == [
+        f"{tx.transaction_id}.0",
+        f"{tx.transaction_id}.1",
+    ]
+    assert all(span.attributes[STATE_ATTRIBUTE] == "COMMIT" for span in sends)

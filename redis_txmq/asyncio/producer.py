@@ -237,8 +237,21 @@ class TransactionProducer:
                 raise refusal from exc
             return None
         many.voided(pending)
-        await self._roll_back_failed_sends(many, pending)
+        await self._roll_back_failed_sends(many, many.to_roll_back(record, pending))
+        if raise_error and record.outcome is not None:
+            raise many.decided_while_open(record)
         return record
+
+    async def _release(self, many: ManyState, indices: set[int]) -> None:
+        """Best effort: a record left pinned is released when its messages are ended or resolved later."""
+        if not indices:
+            return
+        try:
+            await self.broker.decide(
+                many.transaction_id, self.producer_group, RecordAction.UNPIN, EndSource.PRODUCER, indices
+            )
+        except TxMQError as exc:
+            logger.info("tx=%s record not released for %s: %s", many.transaction_id, sorted(indices), exc)
 
     async def _roll_back_failed_sends(self, many: ManyState, indices: set[int]) -> None:
         """Best effort: a half message left behind is rolled back by the checker (the record voids it)."""
@@ -271,8 +284,9 @@ class TransactionProducer:
         many.voided(set(many.failed))
         state = many.standing(state, record)
         ended = await self.broker.end_transactions(many.end_calls(state, remark))
+        await self._release(many, many.ended_while_pinned(record, ended))
         if many.failed:
-            await self._roll_back_failed_sends(many, set(many.failed))
+            await self._roll_back_failed_sends(many, many.to_roll_back(record, set(many.failed)))
         return state, ended
 
     async def _end(
