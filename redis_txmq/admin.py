@@ -364,16 +364,26 @@ def resolve_dead_part(
     its record gives, then release the record's hold for it."""
     remark = "resolved by its transaction's record"
     result = broker.resolve_dead(keys, transaction_id, DeadAction(outcome.value), remark)
-    _unpin(broker, transaction_id.rpartition(".")[0], producer_group, [transaction_id])
+    _unpin(broker, transaction_id.rpartition(".")[0], producer_group, [transaction_id], every_stale=False)
     return result
 
 
-def _unpin(broker: RedisBroker, parent: str, producer_group: str, transaction_ids: list[str]) -> None:
-    """These messages of ``parent`` are no longer dead-lettered: its record may expire once none is."""
-    indices = [i for i in (message_index(parent, txid) for txid in transaction_ids) if i is not None]
-    if not producer_group and indices:  # resolved before (the dead letter is gone): the record names its group
+def _unpin(
+    broker: RedisBroker, parent: str, producer_group: str, transaction_ids: list[str], every_stale: bool = True
+) -> None:
+    """These messages of ``parent`` are no longer dead-lettered: the record lets go of them and, with
+    ``every_stale`` (an operator's command, which walks the topics anyway), of any other it still holds that is no
+    longer dead-lettered either (a run interrupted before it let go). Its record may expire once none is held."""
+    if not producer_group:  # resolved before (the dead letter is gone): the record names its group
         producer_group = broker.decisions([parent])[parent].producer_group
-    if producer_group and indices:
+    if not producer_group:
+        return
+    indices = {i for i in (message_index(parent, txid) for txid in transaction_ids) if i is not None}
+    if every_stale:
+        held = broker.decide(parent, producer_group, RecordAction.READ, EndSource.OPERATOR).dead
+        still_dead = {message_index(parent, txid) for _, txid in dead_messages_of(broker.client, parent)}
+        indices = (indices | set(held)) - still_dead
+    if indices:
         broker.decide(parent, producer_group, RecordAction.UNPIN, EndSource.OPERATOR, indices)
 
 

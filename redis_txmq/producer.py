@@ -247,6 +247,8 @@ class TransactionProducer:
         """Mark the sends of ``many`` that did not return in its record (they are never published), then roll back
         the half messages they may have written. Returns the record, or None when it could not be written (then
         ``raise_error`` raises: no further message may be sent before the failed ones are marked)."""
+        if raise_error and many.decided_by_other is not None:
+            raise many.decided_while_open(many.decided_by_other)
         pending = set(many.unvoided)
         if not pending:
             return None
@@ -259,7 +261,7 @@ class TransactionProducer:
             if raise_error:
                 raise refusal from exc
             return None
-        many.voided(pending)
+        many.voided(pending, record)
         self._roll_back_failed_sends(many, many.to_roll_back(record, pending))
         if raise_error and record.outcome is not None:
             raise many.decided_while_open(record)

@@ -177,6 +177,9 @@ class ManyState:
         self.failed: dict[int, TopicKeys | None] = {}
         """Index -> topic keys (None when the send failed before choosing them) of every send that did not return:
         its half message may exist, and it must never be published (``voided`` in the record)."""
+        self.decided_by_other: TransactionRecord | None = None
+        """The record, when a mark of a failed send found the transaction decided already (by a check-back or an
+        operator, while the block was open): no further message may be sent."""
         self.unvoided: set[int] = set()
         """Failed sends not yet marked in the record: the next send marks them first, the decision carries them."""
         self._sends = 0
@@ -212,9 +215,11 @@ class ManyState:
         self.unvoided.add(index)
         return index
 
-    def voided(self, indices: set[int]) -> None:
+    def voided(self, indices: set[int], record: TransactionRecord | None = None) -> None:
         """``indices`` were marked in the record (or it was decided already: they follow its decision then)."""
         self.unvoided -= indices
+        if record is not None and record.outcome is not None:
+            self.decided_by_other = record
 
     def not_marked(self, indices: set[int], exc: TxMQError) -> PrepareError:
         """The failed sends ``indices`` could not be marked in the record: logged; the refusal of the next send."""

@@ -168,3 +168,50 @@ def test_a_record_that_cannot_be_read_holds_back_only_its_own_messages(real_clie
         wait_until(lambda: checker.run_round() is not None and in_flight(real_client, "orders") == 0)
     assert sorted(bodies(real_client, "orders")) == [b"of several", b"single"]
     assert single.transaction_id in {f[b"transaction_id"].decode() for _, f in real_client.xrange("orders")}
+
+
+def test_a_send_that_failed_after_an_early_commit_is_not_sent_again(real_client):
+    """Found by the model: its error says the failed send is published with the transaction; a retry anyway is
+    refused, so the body is published once."""
+    with TransactionProducer("g", ScriptedListener(), client=real_client, settings=FAST) as producer:
+        lose_the_reply_of(producer.broker, b"invoice")
+        with producer.transaction() as tx:
+            tx.send(Message("orders", b"order 1"))
+            producer.broker.decide(tx.transaction_id, "g", COMMIT, EndSource.CHECKER)
+            with pytest.raises(PrepareError, match="published with the transaction"):
+                tx.send(Message("orders", b"invoice"))
+            producer.broker.prepare_half = type(producer.broker).prepare_half.__get__(producer.broker)
+            with pytest.raises(PrepareError, match="already decided COMMIT"):
+                tx.send(Message("orders", b"invoice"))
+        checker = Checker(real_client, FAST)
+        wait_until(lambda: checker.run_round() is not None and in_flight(real_client, "orders") == 0)
+    assert sorted(bodies(real_client, "orders")) == [b"invoice", b"order 1"]
+
+
+def test_an_operator_who_runs_again_releases_every_message_the_interrupted_run_resolved(real_client):
+    """Found by the model: the interrupted run resolved two dead letters of the transaction and died before
+    releasing the record; run again for one of them, it releases both."""
+    listener = ScriptedListener(check_answer=UNKNOWN)
+    with TransactionProducer("g", listener, client=real_client, settings=ONE_CHECK) as producer:
+        tx = producer.transaction()
+        with tx:
+            tx.send(Message("orders", b"order 1"))
+            tx.send(Message("invoices", b"invoice"))
+            tx.state.results = []  # the process died
+        checker = Checker(real_client, ONE_CHECK)
+        wait_until(lambda: checker.run_round() is not None and dead_letters(real_client, "orders", "invoices") == 2)
+    broker = checker.broker
+    decide = broker.decide
+
+    def crash_on_release(parent, group, action, source, indices=(), **kwargs):
+        if action is RecordAction.UNPIN:
+            raise TxMQConnectionError("the operator's process died")
+        return decide(parent, group, action, source, indices, **kwargs)
+
+    broker.decide = crash_on_release
+    with pytest.raises(TxMQConnectionError):
+        resolve_dead_transaction(broker, f"{tx.transaction_id}.0", DeadAction.COMMIT)
+    broker.decide = decide
+    resolve_dead_transaction(broker, f"{tx.transaction_id}.0", DeadAction.COMMIT)
+    assert bodies(real_client, "orders") == [b"order 1"] and bodies(real_client, "invoices") == [b"invoice"]
+    assert real_client.pttl(decision_key(tx.transaction_id)) > 0, "nothing dead-lettered: the record expires"

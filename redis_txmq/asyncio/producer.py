@@ -224,6 +224,8 @@ class TransactionProducer:
     async def _void_failed_sends(self, many: ManyState, raise_error: bool = False) -> TransactionRecord | None:
         """Mark the sends that did not return in the record, then roll back their half messages (see the sync
         producer); None when the record could not be written."""
+        if raise_error and many.decided_by_other is not None:
+            raise many.decided_while_open(many.decided_by_other)
         pending = set(many.unvoided)
         if not pending:
             return None
@@ -236,7 +238,7 @@ class TransactionProducer:
             if raise_error:
                 raise refusal from exc
             return None
-        many.voided(pending)
+        many.voided(pending, record)
         await self._roll_back_failed_sends(many, many.to_roll_back(record, pending))
         if raise_error and record.outcome is not None:
             raise many.decided_while_open(record)
