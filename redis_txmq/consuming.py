@@ -217,6 +217,8 @@ class ConsumerProtocol:
         self._claim_cursors: dict[str, str] = {}
         self._next_claim = 0.0
         self._next_partition = 0
+        self._failed_partitions: set[str] = set()
+        """Partitions that could not be reached in the current poll."""
         self._stop = self._event_type()
         try:
             self.client, self.settings, self._owns_client = self._resolve_client(redis_url, client, settings)
@@ -289,6 +291,7 @@ class ConsumerProtocol:
 
     def _poll_steps(self, timeout: float | None) -> Steps[list[ConsumedMessage]]:
         block_ms = int((self.block if timeout is None else timeout) * 1000)
+        self._failed_partitions = set()
         try:
             yield from self._ready_steps()
             messages = yield from self._claim_steps()
@@ -321,6 +324,7 @@ class ConsumerProtocol:
         """New entries of the partitions, in turn; blocks on one of them when none has any (a blocking read of
         several streams in one call would cross hash slots on Cluster)."""
         count = len(self.partitions)
+        failure: Exception | None = None
         for turn in range(count):
             keys = self.partitions[(self._next_partition + turn) % count]
             last = turn == count - 1
@@ -334,12 +338,34 @@ class ConsumerProtocol:
             except redis.ResponseError as exc:
                 yield from self._recreate_group_steps(keys, exc)
                 continue
+            except REDIS_ERRORS as exc:  # this partition's master is down: the others are read all the same
+                failure = failure or self._partition_failed(keys, "read", exc)
+                continue
             raw = [(entry_id, fields, 1) for _, batch in stream_batches(reply) for entry_id, fields in batch]
             if raw:
                 self._next_partition = (self._next_partition + turn + 1) % count
                 return (yield from self._decode_steps(keys, raw))
         self._next_partition = (self._next_partition + 1) % count
+        if failure is not None and self._all_failed(failure):
+            raise failure
         return []
+
+    def _partition_failed(self, keys: TopicKeys, what: str, exc: Exception) -> Exception:
+        """One partition could not be reached (on a cluster, its master is down): logged, the others go on."""
+        self._failed_partitions.add(keys.topic_stream)
+        self._logger.warning(
+            "topic=%s group=%s stream=%s: %s failed (%s); the other partitions go on",
+            self.topic,
+            self.group,
+            keys.topic_stream,
+            what,
+            exc,
+        )
+        return exc
+
+    def _all_failed(self, failure: Exception) -> bool:
+        """Whether every partition failed in this poll (Redis itself is unreachable: the poll raises ``failure``)."""
+        return len(self._failed_partitions) >= len(self.partitions)
 
     def _claim_steps(self) -> Steps[list[ConsumedMessage]]:
         """XAUTOCLAIM through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once a scan ends.
@@ -363,6 +389,10 @@ class ConsumerProtocol:
                 )
             except redis.ResponseError as exc:
                 yield from self._recreate_group_steps(keys, exc)
+                continue
+            except REDIS_ERRORS as exc:  # this partition's master is down: its walk starts again next time
+                self._partition_failed(keys, "claim", exc)
+                self._claim_cursors[keys.topic_stream] = CURSOR_START
                 continue
             self._claim_cursors[keys.topic_stream] = text(reply[0]) or CURSOR_START
             if self._claim_cursors[keys.topic_stream] == CURSOR_START:

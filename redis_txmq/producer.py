@@ -82,7 +82,13 @@ class TransactionProducer:
         self.listener: TransactionListener = listener_of(producer_group, listener, checker)  # type: ignore[assignment]
         if durability is not None:  # checked by Settings (a ConfigurationError names the levels) before connecting
             settings = replace(settings if settings is not None else Settings.from_env(), durability=durability)
-        self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings)
+        try:
+            self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings)
+        except REDIS_ERRORS as exc:  # a cluster client connects when it is made
+            raise TxMQConnectionError(
+                f"producer group {self.producer_group!r}: could not connect to Redis: {exc}; check redis_url (or "
+                "TXMQ_REDIS_URL) and that Redis is reachable, then create the producer again"
+            ) from exc
         self.broker = RedisBroker(self.client, self.settings)
         self.instance_id = instance_id("producer")
         self._check_handler = CheckRequestHandler(

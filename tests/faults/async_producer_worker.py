@@ -23,9 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from redis_txmq import LocalTransactionState, Message, PrepareError, Settings, TransactionSendResult, TxMQError
+from redis_txmq import LocalTransactionState, Message, PrepareError, Settings, TransactionSendResult
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
 from redis_txmq.asyncio.producer import AsyncTransaction, AsyncTransactionOfMany
 from redis_txmq.sending import HandleState
@@ -34,6 +32,7 @@ from .ledger import Ledger
 from .producer_worker import (
     AFTER_COMMIT,
     RETRY_PAUSE,
+    START_ERRORS,
     WRITES_ROW,
     LocalTransactionFailed,
     OrderBook,
@@ -212,8 +211,8 @@ async def start_producer(
         producer = TransactionProducer(group, service, settings=settings, oneway_end=oneway_end)
         try:
             return await producer.start()
-        except (TxMQError, redis.RedisError) as exc:
-            logger.warning("producer start failed: %s; retrying", exc)
+        except START_ERRORS as exc:
+            logger.warning("producer start failed: %s: %s; retrying", type(exc).__name__, exc)
             await producer.shutdown()
             try:
                 await asyncio.wait_for(stop.wait(), 0.2)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import System, replica_sizes, sizes_from_env
+from .harness import System, cluster_sizes, replica_sizes, sizes_from_env
 
 REPORT = pytest.StashKey[list[str]]()
 
@@ -31,20 +31,21 @@ def fault_seed(fault_report: list[str]) -> int:
     return seed
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "replica"])
+@pytest.fixture(params=["sqlite", "postgresql", "replica", "cluster"])
 def system(
     request: pytest.FixtureRequest, tmp_path: Path, fault_seed: int, fault_report: list[str]
 ) -> Iterator[System]:
     """The system, its services keeping their orders in SQLite ledgers or in a fresh PostgreSQL schema; in the
     replica variant, SQLite ledgers, a Redis with a replica and every write at durability ``replica``, with fewer
-    orders."""
+    orders; in the cluster variant, SQLite ledgers and a Redis Cluster of three masters, with fewer orders."""
     database_url = None
     if request.param == "postgresql":
         engine = request.getfixturevalue("postgres_engine")
         database_url = engine.url.render_as_string(hide_password=False)
-    replicated = request.param == "replica"
+    replicated, clustered = request.param == "replica", request.param == "cluster"
     sizes = replica_sizes(sizes_from_env()) if replicated else sizes_from_env()
-    built = System(tmp_path, fault_seed, sizes, database_url, replicated)
+    sizes = cluster_sizes(sizes) if clustered else sizes
+    built = System(tmp_path, fault_seed, sizes, database_url, replicated, clustered)
     fault_report.append(f"{request.param}: logs, ledgers and Redis data of the run: {tmp_path}")
     try:
         yield built

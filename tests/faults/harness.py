@@ -7,7 +7,12 @@ variant), in PostgreSQL: the order service's orders and transaction log, the con
 
 ``replicated`` (the replica variant): the redis-server has a replica of its own, and every producer and checker
 writes at durability ``replica`` (:data:`DURABILITY`), so that the fault ``replica_stall`` (a SIGSTOPped replica)
-makes their prepares, decisions and ends fall short of their confirmation."""
+makes their prepares, decisions and ends fall short of their confirmation.
+
+``clustered`` (the cluster variant): a Redis Cluster of :data:`MASTERS` masters instead of the redis-server, each
+behind a proxy of its own, the topics spread over them (:data:`CLUSTER_TOPICS`), every service a cluster client; the
+fault ``master_down`` takes down the master that holds none of the keys every part shares (:data:`SHARED_KEYS`)
+for a while (:meth:`System.master_down`)."""
 
 from __future__ import annotations
 
@@ -27,11 +32,22 @@ from typing import Any
 import redis
 
 from redis_txmq import create_topic
+from redis_txmq.keys import (
+    CHECKER_INSTANCES,
+    CHECKER_LEVELS,
+    GROUP_REGISTRY,
+    JOB_REGISTRY,
+    REPLY_STREAM,
+    TOPIC_REGISTRY,
+    GroupKeys,
+    TopicKeys,
+)
+from redis_txmq.topics import partition_keys_of
 
 from .ledger import Ledger
 from .producer_worker import kill_flag
-from .proxy import FaultProxy
-from .redis_server import RedisServer, ReplicaServer
+from .proxy import FaultProxy, ProxyGroup
+from .redis_server import FaultCluster, RedisServer, ReplicaServer, cluster_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TXMQ = str(Path(sys.executable).parent / "txmq")
@@ -50,6 +66,25 @@ REPLICA_SHARE = 0.6
 REPLICA_MIX = {"many_share": 0.4, "handle_many_share": 0.75}
 """The replica variant's orders: twice the share of orders of several messages, most of them sent with ``tx.send``
 (whose shortfalls the services retry), so that every stall catches some of them mid-way."""
+MASTERS = 3
+"""The cluster variant's masters (no replicas)."""
+CLUSTER_TOPICS = {"orders": 3, "payments": 3}
+"""The cluster variant's topics: three partitions each, which land one on each master (checked at start)."""
+CLUSTER_SHARE = 0.6
+"""The cluster variant sends this share of the orders of the other variants (CI time)."""
+SHARED_KEYS = (
+    REPLY_STREAM,
+    CHECKER_INSTANCES,
+    CHECKER_LEVELS,
+    TOPIC_REGISTRY,
+    GROUP_REGISTRY,
+    JOB_REGISTRY,
+    GroupKeys(PRODUCER_GROUP).check_requests,
+    GroupKeys(PRODUCER_GROUP).producers,
+    GroupKeys(PRODUCER_GROUP).durability_levels,
+)
+"""Keys every part of the system uses, whatever the topic: none of them is on the master that ``master_down`` takes
+down (a master holding them is only SIGKILLed briefly, by the fault ``redis``)."""
 CONSUMER = {"min_idle_time": 2.0}
 ASYNC_SLOT = 1
 """The producer slot served by the asyncio producer (:mod:`.async_producer_worker`); the last slot is one-way."""
@@ -74,6 +109,11 @@ class Sizes:
 def replica_sizes(sizes: Sizes) -> Sizes:
     """The replica variant's sizes: :data:`REPLICA_SHARE` of the transactions, at the same rate."""
     return dataclasses.replace(sizes, transactions=max(1, math.ceil(sizes.transactions * REPLICA_SHARE)))
+
+
+def cluster_sizes(sizes: Sizes) -> Sizes:
+    """The cluster variant's sizes: :data:`CLUSTER_SHARE` of the transactions, at the same rate."""
+    return dataclasses.replace(sizes, transactions=max(1, math.ceil(sizes.transactions * CLUSTER_SHARE)))
 
 
 def sizes_from_env() -> Sizes:
@@ -145,6 +185,55 @@ class Exit:
 
 
 @dataclass
+class Progress:
+    """What the system had done at a moment, on the partitions of the masters that stay up: topic stream entries,
+    ends by who applied them (op stream records), deliveries the consumers recorded; and the sends each producer
+    slot has finished (journaled with an outcome)."""
+
+    entries: set[tuple[str, str]]
+    ends: collections.Counter[str]
+    deliveries: int
+    sends: list[int]
+
+
+CATCH_UP_SECONDS = 5.0
+"""How long ``master_down`` keeps the master down after its time, at most, until the consumers have received every
+entry of the other masters' partitions."""
+
+
+@dataclass
+class Outage:
+    """One ``master_down``: how long the master was down, and what the rest did meanwhile."""
+
+    seconds: float
+    sending: list[bool]
+    """Producer slots that were sending when it went down: some sends done, not all (a first fault may come while
+    the services start)."""
+    entries: int
+    ends: collections.Counter[str]
+    deliveries: int
+    sends: list[int]
+    behind: int
+    """Entries of the other masters' partitions (committed before the end of :attr:`seconds`) that the consumers
+    had not received :data:`CATCH_UP_SECONDS` later, the master still down."""
+    caught_up: float
+    """How long after :attr:`seconds` the consumers had them all (or gave up waiting)."""
+
+    def describe(self) -> str:
+        busy = ", ".join(f"#{slot} {n}" for slot, n in enumerate(self.sends) if self.sending[slot]) or "none sending"
+        ends = ", ".join(f"{count} by {source}" for source, count in sorted(self.ends.items())) or "none"
+        waited = (
+            f"{self.behind} still not received after {self.caught_up:.1f} s more"
+            if self.behind
+            else f"all received {self.caught_up:.1f} s after"
+        )
+        return (
+            f"down {self.seconds:.1f} s, on the other masters' partitions: {self.entries} entries, ends {ends}, "
+            f"{self.deliveries} deliveries ({waited}); sends finished by producer: {busy}"
+        )
+
+
+@dataclass
 class System:
     """Start with :meth:`start`, always :meth:`stop`. Services use :attr:`proxy`; :meth:`client` is direct."""
 
@@ -155,9 +244,15 @@ class System:
     """The PostgreSQL database (an empty schema) of the services, or None for SQLite ledgers."""
     replicated: bool = False
     """The replica variant: Redis with a replica, the services at durability ``replica`` (:data:`DURABILITY`)."""
-    server: RedisServer = field(init=False)
+    clustered: bool = False
+    """The cluster variant: :data:`MASTERS` masters, each behind its proxy, instead of :attr:`server`."""
+    server: RedisServer | None = field(init=False, default=None)
     replica: ReplicaServer | None = field(init=False, default=None)
-    proxy: FaultProxy = field(init=False)
+    cluster: FaultCluster | None = field(init=False, default=None)
+    victim: int = field(init=False, default=-1)
+    """The cluster variant: the master that ``master_down`` takes down (it holds none of :data:`SHARED_KEYS`)."""
+    outages: list[Outage] = field(init=False, default_factory=list)
+    proxy: FaultProxy | ProxyGroup = field(init=False)
     ledgers: list[Ledger] = field(init=False)
     deliveries: Path = field(init=False)
     """Where the consumers record their deliveries."""
@@ -171,21 +266,36 @@ class System:
         (self.workdir / "logs").mkdir()
         self.deliveries = self.workdir / "deliveries"
         self.deliveries.mkdir()
-        # a master restarted by a fault gets a new replication id: its replica resyncs in full, at once
-        master_args = ("--repl-diskless-sync-delay", "0") if self.replicated else ()
-        self.server = RedisServer(self.workdir / "redis", master_args)
-        if self.replicated:
-            (self.workdir / "replica").mkdir()
-            self.replica = ReplicaServer(self.workdir / "replica", self.server)
-        self.proxy = FaultProxy(self.server.port)
+        if self.clustered:
+            ports: list[int] = []
+            for _ in range(MASTERS):
+                ports.append(cluster_port(ports))
+            self.cluster = FaultCluster(self.workdir / "redis", ports)
+            self.proxy = ProxyGroup([FaultProxy(port) for port in ports])
+        else:
+            # a master restarted by a fault gets a new replication id: its replica resyncs in full, at once
+            master_args = ("--repl-diskless-sync-delay", "0") if self.replicated else ()
+            self.server = RedisServer(self.workdir / "redis", master_args)
+            if self.replicated:
+                (self.workdir / "replica").mkdir()
+                self.replica = ReplicaServer(self.workdir / "replica", self.server)
+            self.proxy = FaultProxy(self.server.port)
         self.ledgers = [Ledger(self.workdir / f"service-{slot}.sqlite") for slot in range(self.sizes.producers)]
 
     @property
     def workers(self) -> list[Worker]:
         return [*self.producers, *self.checkers, *self.consumers]
 
-    def client(self) -> redis.Redis:
-        """A client of the test's own, straight to Redis."""
+    @property
+    def topics(self) -> dict[str, int]:
+        """Topic -> partitions of this variant."""
+        return CLUSTER_TOPICS if self.clustered else TOPICS
+
+    def client(self) -> Any:
+        """A client of the test's own, straight to Redis (to every master of the cluster, not through the proxies)."""
+        if self.cluster is not None:
+            return self.cluster.client()
+        assert self.server is not None
         return redis.Redis(port=self.server.port)
 
     def start(self) -> None:
@@ -193,8 +303,15 @@ class System:
             from .pg_databases import create_schema
 
             create_schema(self.database_url)
-        self.server.start()
-        self.proxy.start()
+        if self.cluster is not None:
+            assert isinstance(self.proxy, ProxyGroup)
+            self.proxy.start()
+            self.cluster.start(self.proxy.ports)
+            self.victim = self._victim(self.cluster)
+        else:
+            assert self.server is not None
+            self.server.start()
+            self.proxy.start()
         client = self.client()
         if self.replica is not None:
             self.replica.start()
@@ -203,7 +320,7 @@ class System:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the replica on port {self.replica.port} does not acknowledge writes")
                 time.sleep(0.1)
-        for topic, partitions in TOPICS.items():
+        for topic, partitions in self.topics.items():
             if partitions > 1:
                 create_topic(client, topic, partitions)
         client.close()
@@ -224,6 +341,8 @@ class System:
                 "TXMQ_DURABILITY_TIMEOUT": str(DURABILITY["durability_timeout"]),
             }
         checker = [TXMQ, "--log-level", "INFO", "checker", *(str(x) for kv in checker_options.items() for x in kv)]
+        if self.clustered:
+            checker.append("--cluster")
         self.producers = [
             self._worker("producer", i, [sys.executable, "-m", producer_module(i), str(config), str(i)])
             for i in range(self.sizes.producers)
@@ -237,7 +356,111 @@ class System:
             worker.start()
 
     def _worker(self, kind: str, index: int, argv: list[str], env: dict[str, str] | None = None) -> Worker:
+        env = (env or {}) | ({"TXMQ_CLUSTER": "true"} if self.clustered else {})
         return Worker(f"{kind}-{index}", argv, self.workdir / "logs" / f"{kind}-{index}.log", env)
+
+    def _victim(self, cluster: FaultCluster) -> int:
+        """The master ``master_down`` takes down: one that holds none of :data:`SHARED_KEYS`. Every master must hold
+        a partition of the topics, so that the faults hit traffic on each (the topics are fixed: a change of
+        :data:`CLUSTER_TOPICS` or of a key's name may need a new layout)."""
+        busy = {cluster.master_of(key) for key in SHARED_KEYS}
+        free = [master for master in range(MASTERS) if master not in busy]
+        spread = collections.Counter(cluster.master_of(keys.topic_stream) for keys in self.partitions())
+        if not free or len(spread) < MASTERS:
+            raise RuntimeError(
+                f"the cluster variant needs a master without the shared keys (those are on masters {sorted(busy)}) "
+                f"and a partition on every master (partitions per master: {dict(spread)}): change CLUSTER_TOPICS"
+            )
+        return free[0]
+
+    def partitions(self) -> list[TopicKeys]:
+        """The keys of every partition of this variant's topics."""
+        return [keys for topic, count in self.topics.items() for keys in partition_keys_of(topic, count)]
+
+    @property
+    def masters(self) -> int:
+        """The number of cluster masters (0 off a cluster)."""
+        return len(self.cluster.ports) if self.cluster is not None else 0
+
+    def kill_redis(self, target: int) -> None:
+        """SIGKILL Redis (on a cluster, master ``target`` modulo their number)."""
+        if self.cluster is not None:
+            self.cluster.kill(target % self.masters)
+        else:
+            assert self.server is not None
+            self.server.kill()
+
+    def restart_redis(self, target: int) -> None:
+        """Start again what :meth:`kill_redis` killed (a cluster master: once it says ``cluster_state:ok``)."""
+        if self.cluster is not None:
+            self.cluster.restart(target % self.masters)
+        else:
+            assert self.server is not None
+            self.server.start()
+
+    def master_down(self, seconds: float) -> Outage:
+        """SIGKILL the :attr:`victim` master, restart it ``seconds`` later, and record what the other masters'
+        partitions, the producers and the consumers did meanwhile; before the restart, wait (at most
+        :data:`CATCH_UP_SECONDS`) until the consumers have received every entry of the other partitions."""
+        cluster = self.cluster
+        if cluster is None:
+            raise ValueError("master_down needs the cluster variant (System(clustered=True))")
+        client = cluster.client()
+        before = self.progress(client)
+        sending = [done > 0 and not self.sent(slot) for slot, done in enumerate(before.sends)]
+        cluster.kill(self.victim)
+        try:
+            time.sleep(seconds)
+            after = self.progress(client)
+            behind, caught_up = self._catch_up(after.entries)
+        finally:
+            client.close()
+            cluster.restart(self.victim)
+        outage = Outage(
+            seconds,
+            sending,
+            len(after.entries - before.entries),
+            after.ends - before.ends,
+            after.deliveries - before.deliveries,
+            [b - a for a, b in zip(before.sends, after.sends, strict=True)],
+            behind,
+            caught_up,
+        )
+        self.outages.append(outage)
+        return outage
+
+    def _catch_up(self, entries: set[tuple[str, str]]) -> tuple[int, float]:
+        """Wait until the consumers have recorded every one of ``entries`` (stream, id); how many they had not
+        after :data:`CATCH_UP_SECONDS`, and how long it took."""
+        from .observe import deliveries
+
+        started = time.monotonic()
+        while True:
+            missing = entries - {(d.stream, d.id) for d in deliveries(self.deliveries)}
+            waited = time.monotonic() - started
+            if not missing or waited > CATCH_UP_SECONDS:
+                return len(missing), waited
+            time.sleep(0.1)
+
+    def progress(self, client: Any) -> Progress:
+        """What the system has done so far (:class:`Progress`), read from the masters other than the victim."""
+        from .observe import deliveries
+
+        assert self.cluster is not None
+        up = [keys for keys in self.partitions() if self.cluster.master_of(keys.topic_stream) != self.victim]
+        streams = {keys.topic_stream for keys in up}
+        entries = {
+            (keys.topic_stream, entry_id.decode()) for keys in up for entry_id, _ in client.xrange(keys.topic_stream)
+        }
+        ends = collections.Counter(
+            fields[b"source"].decode() for keys in up for _, fields in client.xrange(keys.op_stream)
+        )
+        return Progress(
+            entries,
+            ends,
+            sum(1 for d in deliveries(self.deliveries) if d.stream in streams),
+            [ledger.finished() for ledger in self.ledgers],
+        )
 
     def _config(self) -> dict[str, Any]:
         count, slots = self.sizes.transactions, self.sizes.producers
@@ -245,7 +468,7 @@ class System:
             "redis_url": self.proxy.url,
             "producer_group": PRODUCER_GROUP,
             "consumer_group": CONSUMER_GROUP,
-            "topics": list(TOPICS),
+            "topics": list(self.topics),
             "ledgers": [str(ledger.path) for ledger in self.ledgers],
             "database_url": self.database_url,
             "deliveries": str(self.deliveries),
@@ -254,7 +477,9 @@ class System:
             "rate": self.sizes.rate / slots,
             "oneway_slots": [slots - 1] if slots > 1 else [],
             "consumer_loops": list(CONSUMER_LOOPS),
-            "settings": SETTINGS | {"heartbeat_interval": HEARTBEAT_INTERVAL} | (DURABILITY if self.replicated else {}),
+            "settings": SETTINGS
+            | {"heartbeat_interval": HEARTBEAT_INTERVAL, "cluster": self.clustered}
+            | (DURABILITY if self.replicated else {}),
             "consumer": CONSUMER,
         } | (REPLICA_MIX if self.replicated else {})
 
@@ -331,8 +556,8 @@ class System:
         return "\n".join(f"--- {worker.name}\n{worker.tail(lines)}" for worker in self.workers)
 
     def stop(self) -> None:
-        """SIGTERM to every worker, SIGKILL to those still running 5 s later; then the proxy, Redis and its replica.
-        Safe after a failed :meth:`start`."""
+        """SIGTERM to every worker, SIGKILL to those still running 5 s later; then the proxy, Redis and its replica
+        (or the cluster). Safe after a failed :meth:`start`."""
         deadline = time.monotonic() + 5
         for worker in self.workers:
             worker.terminate()
@@ -342,6 +567,9 @@ class System:
         for ledger in self.ledgers:
             ledger.close()
         self.proxy.stop()
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
         if self.replica is not None:
             self.replica.stop()

@@ -118,6 +118,11 @@ class Ledger:
         (count,) = self._db().execute("SELECT count(*) FROM attempts").fetchone()
         return int(count)
 
+    def finished(self) -> int:
+        """Sends journaled with an outcome (whatever it is) so far."""
+        (count,) = self._db().execute("SELECT count(*) FROM attempts WHERE outcome IS NOT NULL").fetchone()
+        return int(count)
+
     def outcomes(self) -> collections.Counter[str]:
         """How the sends ended, by outcome (``killed`` for sends whose process died before recording one)."""
         rows = self._db().execute("SELECT coalesce(outcome, 'killed'), count(*) FROM attempts GROUP BY 1")

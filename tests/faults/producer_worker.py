@@ -34,8 +34,6 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-import redis
-
 from redis_txmq import (
     LocalTransactionState,
     Message,
@@ -46,6 +44,7 @@ from redis_txmq import (
     TransactionSendResult,
     TxMQError,
 )
+from redis_txmq.connection import REDIS_ERRORS
 from redis_txmq.sending import HandleState
 from redis_txmq.transaction import TransactionOfMany
 
@@ -226,6 +225,10 @@ def kill_after_decision(producer: Any, flag: Path, seed: int) -> None:
         broker.decide, broker.end_transactions = decide_sync, end_transactions_sync
 
 
+START_ERRORS: tuple[type[Exception], ...] = (TxMQError, *REDIS_ERRORS)
+"""What a producer's start may raise while Redis cannot be reached: on a cluster, redis-py's cluster errors too."""
+
+
 class LocalTransactionFailed(Exception):
     """What a ``raise*`` local transaction raises."""
 
@@ -300,14 +303,17 @@ class OrderService(TransactionListener):
 def start_producer(
     group: str, service: OrderService, settings: Settings, oneway_end: bool, stop: threading.Event
 ) -> TransactionProducer:
-    """A started producer, retried while Redis cannot be reached."""
+    """A started producer, retried while Redis cannot be reached (a cluster client is made only once the node of
+    the URL answers: the constructor raises redis-py's ``RedisClusterException`` until then)."""
     while True:
-        producer = TransactionProducer(group, service, settings=settings, oneway_end=oneway_end)
+        producer = None
         try:
+            producer = TransactionProducer(group, service, settings=settings, oneway_end=oneway_end)
             return producer.start()
-        except (TxMQError, redis.RedisError) as exc:
-            logger.warning("producer start failed: %s; retrying", exc)
-            producer.shutdown()
+        except START_ERRORS as exc:
+            logger.warning("producer start failed: %s: %s; retrying", type(exc).__name__, exc)
+            if producer is not None:
+                producer.shutdown()
             if stop.wait(0.2):
                 raise SystemExit(0) from exc
 

@@ -1,5 +1,5 @@
 """A TCP proxy between the services and Redis that injects network faults: pass (the default), reset every
-connection, blackhole for N seconds, added latency for N seconds."""
+connection, blackhole for N seconds, added latency for N seconds; and a group of them, one per cluster master."""
 
 from __future__ import annotations
 
@@ -140,3 +140,49 @@ def _abort(writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+class ProxyGroup:
+    """The cluster variant's proxies, one in front of each master, faulted together: the services reach every
+    master through its own (the masters announce their proxies' ports), so a reset, a blackhole or a delay hits
+    all their connections at once, as :class:`FaultProxy` does for one server."""
+
+    def __init__(self, proxies: list[FaultProxy]) -> None:
+        self.proxies = proxies
+
+    @property
+    def url(self) -> str:
+        """The first master's proxy: a cluster client learns the others from it."""
+        return self.proxies[0].url
+
+    @property
+    def ports(self) -> list[int]:
+        return [proxy.port for proxy in self.proxies]
+
+    @property
+    def connections_made(self) -> int:
+        return sum(proxy.connections_made for proxy in self.proxies)
+
+    def start(self) -> ProxyGroup:
+        for proxy in self.proxies:
+            proxy.start()
+        return self
+
+    def stop(self) -> None:
+        for proxy in self.proxies:
+            proxy.stop()
+
+    def reset_all(self) -> int:
+        return sum(proxy.reset_all() for proxy in self.proxies)
+
+    def blackhole(self, seconds: float) -> None:
+        for proxy in self.proxies:
+            proxy.blackhole(seconds)
+
+    def delay(self, latency: float, seconds: float) -> None:
+        for proxy in self.proxies:
+            proxy.delay(latency, seconds)
+
+    def heal(self) -> None:
+        for proxy in self.proxies:
+            proxy.heal()

@@ -22,6 +22,18 @@ REPLICA_KINDS = ("replica_stall",)
 then SIGCONTs it. The services write at durability ``replica`` with a short timeout, so every prepare (of one
 message, or one ``tx.send`` of several), decision, mark of a failed send and end meanwhile is applied on the master
 but falls short of its confirmation."""
+CLUSTER_KINDS = ("master_down",)
+"""Faults of the cluster variant only (:attr:`System.cluster`): ``master_down`` SIGKILLs the master that holds none
+of the keys every part shares (:attr:`System.victim`) for 2-5 s (longer than ``cluster-node-timeout``: the others
+flag it as failing) and restarts it on its port and data directory, with its data; meanwhile its partitions wait and
+the rest must go on (:meth:`System.master_down` records what the others did). On a cluster, ``redis`` SIGKILLs one
+master of the three for a moment (any of them: the shared keys wait with it), and the proxy faults hit the proxies of
+all of them at once."""
+CLUSTER_DOWN_SHARE = 0.3
+"""In the cluster variant, the chance that a ``master_down`` comes after each other fault (never two in a row)."""
+DOWN_SECONDS = (2.0, 5.0)
+"""How long a ``master_down`` keeps the master down (then it restarts, which takes about 2 s more: a restarted master
+waits before it says ``cluster_state:ok``)."""
 REPLICA_STALL_SHARE = 0.6
 """In the replica variant, the chance that a replica stall comes after each other fault (never two in a row, so
 that the other kinds keep their pace): three faults in eight are stalls."""
@@ -45,7 +57,8 @@ class Fault:
     pause: float
     """Seconds from the end of this fault's injection to the next fault."""
 
-    def describe(self) -> str:
+    def describe(self, masters: int = 0) -> str:
+        """What the fault does; ``masters``: the number of cluster masters (0 off a cluster)."""
         if self.kind == "reset":
             return f"reset every connection, {self.latency * 1000:.0f} ms of traffic in flight"
         if self.kind == "blackhole":
@@ -53,7 +66,10 @@ class Fault:
         if self.kind == "delay":
             return f"delay {self.latency * 1000:.0f} ms for {self.seconds:.1f} s"
         if self.kind == "redis":
-            return f"SIGKILL redis, down {self.seconds:.1f} s"
+            which = f" master #{self.target % masters}" if masters else ""
+            return f"SIGKILL redis{which}, down {self.seconds:.1f} s"
+        if self.kind == "master_down":
+            return f"SIGKILL the master without the shared keys, down {self.seconds:.1f} s"
         if self.kind == "decided":
             return f"SIGKILL producer #{self.target} after its next decision, down {self.seconds:.1f} s"
         if self.kind == "replica_stall":
@@ -62,7 +78,10 @@ class Fault:
 
 
 def kinds_of(system: System) -> tuple[str, ...]:
-    """The kinds of fault ``system`` can take: :data:`KINDS`, and :data:`REPLICA_KINDS` when it has a replica."""
+    """The kinds of fault ``system`` can take: :data:`KINDS`, and :data:`REPLICA_KINDS` when it has a replica or
+    :data:`CLUSTER_KINDS` on a cluster."""
+    if system.cluster is not None:
+        return KINDS + CLUSTER_KINDS
     return KINDS + REPLICA_KINDS if system.replica is not None else KINDS
 
 
@@ -80,12 +99,18 @@ def plan(seed: int, kinds: tuple[str, ...] = KINDS, favoured: str | None = None,
             kind = first.pop(0)
         else:
             kind = rng.choice(kinds)
-        seconds = rng.uniform(1.0, 3.0) if kind in LASTING else rng.uniform(0.1, 1.5)
+        if kind == "master_down":
+            seconds = rng.uniform(*DOWN_SECONDS)
+        else:
+            seconds = rng.uniform(1.0, 3.0) if kind in LASTING else rng.uniform(0.1, 1.5)
         yield Fault(kind, seconds, rng.uniform(0.02, 0.3), rng.randrange(1000), rng.uniform(1.0, 3.0))
 
 
 def plan_of(system: System) -> Iterator[Fault]:
-    """The seeded plan of ``system``: replica stalls favoured in the replica variant."""
+    """The seeded plan of ``system``: replica stalls favoured in the replica variant, a master down in the cluster
+    variant."""
+    if system.cluster is not None:
+        return plan(system.seed, kinds_of(system), "master_down", CLUSTER_DOWN_SHARE)
     if system.replica is None:
         return plan(system.seed)
     return plan(system.seed, kinds_of(system), "replica_stall", REPLICA_STALL_SHARE)
@@ -103,9 +128,11 @@ def inject(fault: Fault, system: System) -> bool:
     elif fault.kind == "delay":
         system.proxy.delay(fault.latency, fault.seconds)
     elif fault.kind == "redis":
-        system.server.kill()
+        system.kill_redis(fault.target)
         time.sleep(fault.seconds)
-        system.server.start()
+        system.restart_redis(fault.target)
+    elif fault.kind == "master_down":
+        system.master_down(fault.seconds)
     elif fault.kind == "replica_stall":
         replica = system.replica
         if replica is None:
