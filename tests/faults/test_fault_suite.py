@@ -198,7 +198,8 @@ def test_every_committed_order_is_delivered_once_and_nothing_else_is_visible(
 
 def while_down(system: System) -> None:
     """The cluster variant: while a master was down, the rest went on. Producers still sending committed on the
-    other masters' partitions; the consumers received what those held before the master came back."""
+    other masters' partitions; whether the consumers received those entries before the master came back is
+    reported."""
     seed = f"seed {system.seed}"
     assert system.outages, f"{seed}: no master_down"
     stuck = [outage.describe() for outage in system.outages if any(outage.sending) and not outage.entries]
