@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
 from .config import Settings
 from .connection import REDIS_ERRORS, instance_id, redact_url, resolve_client
@@ -325,6 +327,7 @@ class ConsumerProtocol:
         several streams in one call would cross hash slots on Cluster)."""
         count = len(self.partitions)
         failure: Exception | None = None
+        reached = False
         for turn in range(count):
             keys = self.partitions[(self._next_partition + turn) % count]
             last = turn == count - 1
@@ -338,15 +341,19 @@ class ConsumerProtocol:
             except redis.ResponseError as exc:
                 yield from self._recreate_group_steps(keys, exc)
                 continue
-            except REDIS_ERRORS as exc:  # this partition's master is down: the others are read all the same
-                failure = failure or self._partition_failed(keys, "read", exc)
+            except REDIS_ERRORS as exc:
+                if not self._on_cluster:  # every partition is on this one server: the poll fails (run() backs off)
+                    raise
+                self._partition_failed(keys, "read", exc)  # its master is down: the others are read all the same
+                failure = failure or exc
                 continue
+            reached = True
             raw = [(entry_id, fields, 1) for _, batch in stream_batches(reply) for entry_id, fields in batch]
             if raw:
                 self._next_partition = (self._next_partition + turn + 1) % count
                 return (yield from self._decode_steps(keys, raw))
         self._next_partition = (self._next_partition + 1) % count
-        if failure is not None and self._all_failed(failure):
+        if failure is not None and not reached:
             raise failure
         return []
 
@@ -363,9 +370,10 @@ class ConsumerProtocol:
         )
         return exc
 
-    def _all_failed(self, failure: Exception) -> bool:
-        """Whether every partition failed in this poll (Redis itself is unreachable: the poll raises ``failure``)."""
-        return len(self._failed_partitions) >= len(self.partitions)
+    @property
+    def _on_cluster(self) -> bool:
+        """Partitions live on several masters only on a cluster; on one server an error is the server's."""
+        return isinstance(self.client, (RedisCluster, AsyncRedisCluster))
 
     def _claim_steps(self) -> Steps[list[ConsumedMessage]]:
         """XAUTOCLAIM through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once a scan ends.
@@ -390,8 +398,10 @@ class ConsumerProtocol:
             except redis.ResponseError as exc:
                 yield from self._recreate_group_steps(keys, exc)
                 continue
-            except REDIS_ERRORS as exc:  # this partition's master is down: its walk starts again next time
-                self._partition_failed(keys, "claim", exc)
+            except REDIS_ERRORS as exc:
+                if not self._on_cluster:
+                    raise
+                self._partition_failed(keys, "claim", exc)  # its master is down: its walk starts again next time
                 self._claim_cursors[keys.topic_stream] = CURSOR_START
                 continue
             self._claim_cursors[keys.topic_stream] = text(reply[0]) or CURSOR_START

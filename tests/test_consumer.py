@@ -574,3 +574,20 @@ def test_each_consumer_refuses_a_client_of_the_other_api(fake_client):
         Consumer("orders", "billing", client=fakeredis.FakeAsyncRedis())
     with pytest.raises(ConfigurationError, match="asyncio"):
         AsyncConsumer("orders", "billing", client=fake_client)
+
+
+def test_a_poll_of_a_partitioned_topic_raises_while_its_only_redis_is_down(api, restartable_redis):
+    """On one server every partition is down together: the poll raises (iteration and run() back off) instead of
+    returning nothing at once, which made run() spin."""
+    server = restartable_redis
+    publisher = redis.Redis.from_url(server.url)
+    create_topic(publisher, "orders", 2)
+    c = api.Consumer("orders", "billing", "c1", redis_url=server.url, block=0.05, min_idle_time=600)
+    try:
+        c.poll()  # the claim walk runs here; the next one is minutes away
+        server.stop()
+        with pytest.raises(TxMQConnectionError, match="'orders'"):
+            c.poll(timeout=0)
+    finally:
+        c.close()
+        publisher.close()
