@@ -23,6 +23,23 @@ FAST = Settings(transaction_timeout=0, check_interval=0.05)
 ONE_CHECK = Settings(transaction_timeout=0, check_interval=0.05, check_max=1)
 
 
+def interrupted_before_release(broker, transaction_id: str) -> None:
+    """`txmq dead commit transaction_id` whose process dies after resolving, before it releases the record."""
+    decide = broker.decide
+
+    def crash_on_release(parent, group, action, source, indices=(), **kwargs):
+        if action is RecordAction.UNPIN:
+            raise TxMQConnectionError("the operator's process died")
+        return decide(parent, group, action, source, indices, **kwargs)
+
+    broker.decide = crash_on_release
+    try:
+        with pytest.raises(TxMQConnectionError):
+            resolve_dead_transaction(broker, transaction_id, DeadAction.COMMIT)
+    finally:
+        broker.decide = decide
+
+
 def unreachable(*args, **kwargs):
     raise TxMQConnectionError("Redis unreachable")
 
@@ -123,17 +140,7 @@ def test_an_operator_who_runs_again_after_a_crash_releases_the_record(real_clien
         checker = Checker(real_client, ONE_CHECK)
         wait_until(lambda: checker.run_round() is not None and dead_letters(real_client, "orders") == 1)
     txid, broker = f"{tx.transaction_id}.0", checker.broker
-    decide = broker.decide
-
-    def crash_on_release(parent, group, action, source, indices=(), **kwargs):
-        if action is RecordAction.UNPIN:
-            raise TxMQConnectionError("the operator's process died")
-        return decide(parent, group, action, source, indices, **kwargs)
-
-    broker.decide = crash_on_release
-    with pytest.raises(TxMQConnectionError):
-        resolve_dead_transaction(broker, txid, DeadAction.COMMIT)
-    broker.decide = decide
+    interrupted_before_release(broker, txid)
     resolve_dead_transaction(broker, txid, DeadAction.COMMIT)
     assert bodies(real_client, "orders") == [b"order 1"]
     assert real_client.pttl(decision_key(tx.transaction_id)) > 0, "nothing dead-lettered: the record expires"
@@ -201,17 +208,7 @@ def test_an_operator_who_runs_again_releases_every_message_the_interrupted_run_r
         checker = Checker(real_client, ONE_CHECK)
         wait_until(lambda: checker.run_round() is not None and dead_letters(real_client, "orders", "invoices") == 2)
     broker = checker.broker
-    decide = broker.decide
-
-    def crash_on_release(parent, group, action, source, indices=(), **kwargs):
-        if action is RecordAction.UNPIN:
-            raise TxMQConnectionError("the operator's process died")
-        return decide(parent, group, action, source, indices, **kwargs)
-
-    broker.decide = crash_on_release
-    with pytest.raises(TxMQConnectionError):
-        resolve_dead_transaction(broker, f"{tx.transaction_id}.0", DeadAction.COMMIT)
-    broker.decide = decide
+    interrupted_before_release(broker, f"{tx.transaction_id}.0")
     resolve_dead_transaction(broker, f"{tx.transaction_id}.0", DeadAction.COMMIT)
     assert bodies(real_client, "orders") == [b"order 1"] and bodies(real_client, "invoices") == [b"invoice"]
     assert real_client.pttl(decision_key(tx.transaction_id)) > 0, "nothing dead-lettered: the record expires"
