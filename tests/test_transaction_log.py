@@ -249,3 +249,19 @@ def test_a_transaction_of_several_messages_open_in_this_process_is_not_fenced(
             assert database.log.check(database.engine, slow) is UNKNOWN, "its block is open here"
     assert state_of(database, tx.transaction_id) == "COMMIT"
     assert [r.local_transaction_state for r in tx.results] == [COMMIT, COMMIT]
+
+
+def test_two_logs_over_one_table_agree_on_an_open_handle(database: Database, real_client: Any, redis_url: str) -> None:
+    """Defect: record() remembered the open handle in its own log object only, so the producer's checker built from
+    another TransactionLog over the same table fenced (ROLLBACK) a slow local transaction still running here."""
+    other = TransactionLog(MetaData(), local_transaction_max_seconds=30, lock_timeout_seconds=2)
+    assert other.table is not database.log.table and other.table.name == database.log.table.name
+    with TransactionProducer("order_group", checker=other.checker(database.engine), redis_url=redis_url) as p:
+        with p.transaction(Message("orders", b"1")) as tx, database.engine.begin() as db:
+            statement = database.log.record(tx)
+            slow = a_check(tx.transaction_id, age=3600)  # older than local_transaction_max_seconds
+            assert other.check(database.engine, slow) is UNKNOWN, "its block is open in this process"
+            db.execute(statement)
+        assert other.check(database.engine, slow) is COMMIT
+    assert state_of(database, tx.transaction_id) == "COMMIT"
+    assert tx.result.local_transaction_state is COMMIT

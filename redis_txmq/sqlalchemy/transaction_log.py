@@ -28,6 +28,7 @@ older than a window you give; keep it above ``max_age`` (with the default, 7 day
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -49,6 +50,23 @@ TRANSACTION_ID_LENGTH = 64
 COMMIT = LocalTransactionState.COMMIT
 ROLLBACK = LocalTransactionState.ROLLBACK
 UNKNOWN = LocalTransactionState.UNKNOWN
+
+_OPEN_HANDLES: weakref.WeakValueDictionary[str, HandleState | ManyHandleState] = weakref.WeakValueDictionary()
+"""Transaction id -> the handle :meth:`TransactionLog.record` was given, while the handle lives: one registry for the
+process, so that every log answers UNKNOWN for a transaction whose block is open here, whichever ``TransactionLog``
+object recorded it (the producer's ``checker=`` is often built from another one than the request handlers use)."""
+_OPEN_HANDLES_LOCK = threading.Lock()
+"""Check-backs run on the producer's check threads while request handlers record."""
+
+
+def _remember_open(transaction_id: str, handle: HandleState | ManyHandleState) -> None:
+    with _OPEN_HANDLES_LOCK:
+        _OPEN_HANDLES[transaction_id] = handle
+
+
+def _open_handle(transaction_id: str) -> HandleState | ManyHandleState | None:
+    with _OPEN_HANDLES_LOCK:
+        return _OPEN_HANDLES.get(transaction_id)
 
 
 class TransactionLog:
@@ -82,23 +100,23 @@ class TransactionLog:
             Column("state", String(8), nullable=False),
             Column("recorded_at", DateTime(timezone=True), nullable=False, default=utc_now, index=True),
         )
-        self._handles: weakref.WeakValueDictionary[str, HandleState | ManyHandleState] = weakref.WeakValueDictionary()
 
     def record(self, transaction: HandleState | ManyHandleState | Message | str, *, topic: str | None = None) -> Insert:
         """The INSERT that marks the local transaction committed: execute it in that transaction, early
         (``session.execute(log.record(tx))``, ``await session.execute(...)`` on asyncio).
 
         ``transaction`` is a transaction handle (``tx``, of one message or of several), the message a listener
-        received, or a transaction id. A handle is remembered while its block is open: a check-back meanwhile
-        answers UNKNOWN instead of fencing a slow local transaction.
+        received, or a transaction id. Besides building the statement, a handle is registered for this process (not
+        for this log object: any ``TransactionLog`` here answers alike) while its block is open: a check-back
+        meanwhile answers UNKNOWN instead of fencing a slow local transaction.
         Executing it raises the database's unique-constraint error when a check already fenced the transaction
         (it was taken for rolled back): the local transaction must then roll back, as the handle does."""
         if isinstance(transaction, HandleState):
             transaction_id, topic = transaction.transaction_id, topic or transaction.message.topic
-            self._handles[transaction_id] = transaction
+            _remember_open(transaction_id, transaction)
         elif isinstance(transaction, ManyHandleState):
             transaction_id = transaction.transaction_id
-            self._handles[transaction_id] = transaction
+            _remember_open(transaction_id, transaction)
         elif isinstance(transaction, Message):
             if not transaction.transaction_id:
                 raise ConfigurationError(
@@ -191,7 +209,7 @@ class TransactionLog:
         """The answer the log's row (``state``, None when absent) gives, or None when only a fence can tell."""
         if state is not None:
             return LocalTransactionState(state)
-        handle = self._handles.get(transaction_id)
+        handle = _open_handle(transaction_id)
         if handle is not None:
             return None if handle.ended else UNKNOWN  # open here: the local transaction is running
         if message.prepared_at is not None:
