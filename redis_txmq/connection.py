@@ -30,9 +30,13 @@ ASYNC_MAX_CONNECTIONS = 64
 """Connections of an asyncio client made from a URL; a call waits for one when all are busy."""
 
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+"""What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
 REDIRECTIONS: tuple[type[Exception], ...] = (MovedError, AskError, TryAgainError, ClusterDownError)
 """Replies of a cluster node that send a call elsewhere (or later): the cluster client follows them."""
-"""What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
+CLUSTER_UNAVAILABLE: tuple[type[Exception], ...] = (TryAgainError, ClusterDownError)
+"""Error replies (``ResponseError``s) of a cluster node that say a slot is not served now (CLUSTERDOWN, MASTERDOWN,
+TRYAGAIN: a master just restarted or failing over), not that the call is wrong: like a dropped connection, they
+concern the keys of one master."""
 
 
 def hiredis_packer(connection_kwargs: dict[str, Any]) -> Callable[[tuple[Any, ...]], bytes] | None:

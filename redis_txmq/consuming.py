@@ -26,7 +26,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from .config import Settings
-from .connection import REDIS_ERRORS, instance_id, redact_url, resolve_client
+from .connection import CLUSTER_UNAVAILABLE, REDIS_ERRORS, instance_id, redact_url, resolve_client
 from .entries import ConsumedMessage, decode_topic_entry, stream_batches, text
 from .errors import ConfigurationError, CorruptEntryError, TxMQConnectionError
 from .groups import (
@@ -221,6 +221,10 @@ class ConsumerProtocol:
         self._next_partition = 0
         self._failed_partitions: set[str] = set()
         """Partitions that could not be reached in the current poll."""
+        self._unready: set[str] = set()
+        """Partitions whose group could not be set up (on a cluster, their master was down): set up at each poll."""
+        self._acks_due: list[ConsumedMessage] = []
+        """Messages handled by ``run()`` whose ack failed on a cluster (their master is down): acked at each poll."""
         self._stop = self._event_type()
         try:
             self.client, self.settings, self._owns_client = self._resolve_client(redis_url, client, settings)
@@ -272,11 +276,23 @@ class ConsumerProtocol:
         return [keys.topic_stream, keys.consumer_dead_stream(self.group)]
 
     def _setup_steps(self) -> Steps[None]:
-        """Read the topic's partitions and create the group on each (where it does not exist yet)."""
+        """Read the topic's partitions and create the group on each (where it does not exist yet).
+
+        On a cluster, a partition whose master cannot be reached is set up at a later poll, and the others are read
+        meanwhile: a consumer restarted during the outage of one master starts. It raises when no partition was
+        set up."""
         count = count_of((yield Command("hget", (topic_meta_key(self.topic), "partitions"))))
         partitions = partition_keys_of(self.topic, count)
+        unready: set[str] = set()
         for keys in partitions:
-            yield from self._ensure_group_steps(keys)
+            try:
+                yield from self._ensure_group_steps(keys)
+            except TxMQConnectionError as exc:
+                if not self._partition_may_fail(exc.__cause__) or len(unready) == len(partitions) - 1:
+                    raise
+                self._partition_failed(keys, "setting up the group", exc.__cause__ or exc)
+                unready.add(keys.topic_stream)
+        self._unready = unready
         self._by_stream = {keys.topic_stream: keys for keys in partitions}
         self._claim_cursors = {keys.topic_stream: CURSOR_START for keys in partitions}
         self.partitions = partitions
@@ -290,6 +306,26 @@ class ConsumerProtocol:
             yield Command("eval", ensure_group_call(keys.topic_stream, self.group, self.start_id))
         except REDIS_ERRORS as exc:
             raise ensure_group_error(keys.topic_stream, self.group, exc) from exc
+
+    def _partition_ready_steps(self, keys: TopicKeys) -> Steps[bool]:
+        """Whether the partition can be read: its group is set up now if that failed before."""
+        if keys.topic_stream not in self._unready:
+            return True
+        try:
+            yield from self._ensure_group_steps(keys)
+        except TxMQConnectionError as exc:
+            self._partition_failed(keys, "setting up the group", exc.__cause__ or exc)
+            return False
+        self._unready.discard(keys.topic_stream)
+        return True
+
+    def _partition_may_fail(self, exc: BaseException | None) -> bool:
+        """Whether ``exc`` concerns one partition only, so that the others are read on: on a cluster (partitions on
+        several masters), a dropped connection or a slot not served (CLUSTERDOWN, MASTERDOWN, TRYAGAIN of a master
+        just restarted). On one server every error is the server's: the poll fails and run() backs off."""
+        if not self._on_cluster or not isinstance(exc, REDIS_ERRORS):
+            return False
+        return not isinstance(exc, redis.ResponseError) or isinstance(exc, CLUSTER_UNAVAILABLE)
 
     def _poll_steps(self, timeout: float | None) -> Steps[list[ConsumedMessage]]:
         block_ms = int((self.block if timeout is None else timeout) * 1000)
@@ -305,12 +341,9 @@ class ConsumerProtocol:
                 "read", exc, "check that Redis is up and poll again (iteration and run() retry by themselves)"
             ) from exc
 
-    def _recreate_group_steps(self, keys: TopicKeys, exc: redis.ResponseError) -> Steps[None]:
+    def _recreate_group_steps(self, keys: TopicKeys, exc: Exception) -> Steps[None]:
         """The stream or its group is gone (Redis lost its data, or someone deleted it): create the group again
-        from ``start_id``. What was lost stays lost; what the stream holds now is read from ``start_id``.
-        Any other error is raised again."""
-        if not is_missing_group(exc):
-            raise exc
+        from ``start_id``. What was lost stays lost; what the stream holds now is read from ``start_id``."""
         self._logger.warning(
             "topic=%s group=%s stream=%s: consumer group is gone (%s); Redis lost its data? recreating it from %s",
             self.topic,
@@ -331,6 +364,9 @@ class ConsumerProtocol:
         for turn in range(count):
             keys = self.partitions[(self._next_partition + turn) % count]
             last = turn == count - 1
+            if not (yield from self._partition_ready_steps(keys)):
+                failure = failure or TxMQConnectionError(f"{self._where}: no partition could be set up")
+                continue
             try:
                 # read_group: on a cluster, to the master of the stream, not to the one redis-py looks keys up on
                 reply = yield Command(
@@ -338,11 +374,11 @@ class ConsumerProtocol:
                     (self.group, self.consumer_name, keys.topic_stream),
                     {"count": self.batch_size, "block_ms": (block_ms or None) if last else None},
                 )
-            except redis.ResponseError as exc:
-                yield from self._recreate_group_steps(keys, exc)
-                continue
             except REDIS_ERRORS as exc:
-                if not self._on_cluster:  # every partition is on this one server: the poll fails (run() backs off)
+                if is_missing_group(exc):
+                    yield from self._recreate_group_steps(keys, exc)
+                    continue
+                if not self._partition_may_fail(exc):  # on one server: the poll fails (run() backs off)
                     raise
                 self._partition_failed(keys, "read", exc)  # its master is down: the others are read all the same
                 failure = failure or exc
@@ -390,29 +426,41 @@ class ConsumerProtocol:
             cursor = self._claim_cursors[keys.topic_stream]
             if scanning and cursor == CURSOR_START:
                 continue
+            if not (yield from self._partition_ready_steps(keys)):
+                continue
             args = [self.group, self.consumer_name, self._idle_ms, cursor, min(self.batch_size, 100)]
             try:
                 reply = yield Command(
                     CLAIM, (), {"keys": self._script_keys(keys), "args": [*args, self.max_deliveries]}
                 )
-            except redis.ResponseError as exc:
-                yield from self._recreate_group_steps(keys, exc)
-                continue
             except REDIS_ERRORS as exc:
-                if not self._on_cluster:
+                if is_missing_group(exc):
+                    yield from self._recreate_group_steps(keys, exc)
+                    continue
+                if not self._partition_may_fail(exc):
+                    if messages:  # claimed by this walk (now owned by this consumer): delivered now, not dropped
+                        self._logger.warning(
+                            "topic=%s group=%s stream=%s: claim failed (%s); delivering the %d claimed before it",
+                            self.topic,
+                            self.group,
+                            keys.topic_stream,
+                            exc,
+                            len(messages),
+                        )
+                        return messages
                     raise
                 self._partition_failed(keys, "claim", exc)  # its master is down: its walk starts again next time
                 self._claim_cursors[keys.topic_stream] = CURSOR_START
                 continue
             self._claim_cursors[keys.topic_stream] = text(reply[0]) or CURSOR_START
-            if self._claim_cursors[keys.topic_stream] == CURSOR_START:
-                yield from self._forget_dead_consumers_steps(keys)
             claimed = [(entry_id, fields, int(count)) for entry_id, count, fields in reply[1:]]
             for entry_id, _, count in claimed:
                 self._logger.info(
                     "topic=%s group=%s re-delivering %s (delivery %d)", self.topic, self.group, text(entry_id), count
                 )
             messages.extend((yield from self._decode_steps(keys, claimed)))
+            if self._claim_cursors[keys.topic_stream] == CURSOR_START:
+                yield from self._forget_dead_consumers_steps(keys)
         if all(cursor == CURSOR_START for cursor in self._claim_cursors.values()):
             self._next_claim = now + self.min_idle_time / 2
         return messages
@@ -424,7 +472,17 @@ class ConsumerProtocol:
     def _forget_dead_consumers_steps(self, keys: TopicKeys) -> Steps[None]:
         """A walk of the pending list ended: the consumers it took entries over from are dead; drop their names."""
         call = forget_consumers_call(keys.topic_stream, self.group, self.consumer_name, self._idle_ms)
-        gone = removed_names((yield Command("eval", call)))
+        try:
+            gone = removed_names((yield Command("eval", call)))
+        except REDIS_ERRORS as exc:  # housekeeping: the next walk's end does it; what was claimed is delivered
+            self._logger.warning(
+                "topic=%s group=%s stream=%s: removing dead consumers failed (%s); tried again after the next walk",
+                self.topic,
+                self.group,
+                keys.topic_stream,
+                exc,
+            )
+            return
         if gone:
             self._logger.info("topic=%s group=%s removed dead consumers %s", self.topic, self.group, ", ".join(gone))
 
@@ -440,7 +498,16 @@ class ConsumerProtocol:
                 )
             except CorruptEntryError as exc:
                 self._logger.error("topic=%s group=%s dead-lettering malformed entry: %s", self.topic, self.group, exc)
-                yield from self._move_to_dead_steps(keys, text(entry_id) or "", f"malformed entry: {exc}", count)
+                try:
+                    yield from self._move_to_dead_steps(keys, text(entry_id) or "", f"malformed entry: {exc}", count)
+                except REDIS_ERRORS as move_exc:  # it stays pending: a later claim dead-letters it
+                    self._logger.warning(
+                        "topic=%s group=%s: dead-lettering %s failed (%s); tried again when it is claimed",
+                        self.topic,
+                        self.group,
+                        text(entry_id),
+                        move_exc,
+                    )
         return messages
 
     def _ack_steps(self, message: ConsumedMessage) -> Steps[None]:
@@ -554,10 +621,53 @@ class ConsumerProtocol:
                     return
                 yield self._retry_pause(backoff, f"ack of {message.id}", exc)
 
+    def _ack_in_run_steps(self, message: ConsumedMessage) -> Steps[None]:
+        """Ack a handled message. On one server, retried until it lands or the consumer stops (nothing else can be
+        read meanwhile); on a cluster, one whose master is down is acked at the next polls while the other
+        partitions are read on."""
+        if not self._on_cluster:
+            yield from self._ack_until_stopped_steps(message)
+            return
+        try:
+            yield from self._ack_steps(message)
+        except TxMQConnectionError as exc:
+            self._logger.warning(
+                "topic=%s group=%s tx=%s ack of %s failed (%s); acked again at the next poll",
+                self.topic,
+                self.group,
+                message.transaction_id,
+                message.id,
+                exc.__cause__ or exc,
+            )
+            self._acks_due.append(message)
+
+    def _acks_due_steps(self, *, until_stopped: bool) -> Steps[None]:
+        """The acks that failed on a cluster, again: those that fail stay due (or, ``until_stopped``, are retried
+        until they land or the consumer stops)."""
+        due, self._acks_due = self._acks_due, []
+        for message in due:
+            if until_stopped:
+                yield from self._ack_until_stopped_steps(message)
+                continue
+            try:
+                yield from self._ack_steps(message)
+            except TxMQConnectionError:
+                self._acks_due.append(message)
+
     def _run_steps(self, handler: Callable[[ConsumedMessage], Any], max_messages: int | None) -> Steps[int]:
         """Each message to ``handler``, acked when it returns; one that raises stays pending for re-delivery."""
+        handled = yield from self._handle_steps(handler, max_messages)
+        if self._acks_due:
+            yield from self._acks_due_steps(until_stopped=True)
+        return handled
+
+    def _handle_steps(self, handler: Callable[[ConsumedMessage], Any], max_messages: int | None) -> Steps[int]:
         handled = 0
-        while (batch := (yield from self._batch_steps())) is not None:
+        while True:
+            yield from self._acks_due_steps(until_stopped=False)
+            batch = yield from self._batch_steps()
+            if batch is None:
+                return handled
             for message in batch:
                 try:
                     yield Handle(handler, message)
@@ -571,8 +681,7 @@ class ConsumerProtocol:
                         message.delivery_count,
                     )
                     continue
-                yield from self._ack_until_stopped_steps(message)
+                yield from self._ack_in_run_steps(message)
                 handled += 1
                 if max_messages is not None and handled >= max_messages:
                     return handled
-        return handled

@@ -107,11 +107,6 @@ def test_the_claim_walk_does_not_stop_the_reads_while_the_master_of_a_partition_
     read_on(down, api_class, min_idle_time=1.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library defect: a consumer sets up its group on every partition of its topic before it reads any, so "
-    "one that starts while the master of one partition is down does not start (sync: its constructor raises)",
-)
 @pytest.mark.parametrize("api_class", [SyncApi, AsyncioApi], ids=["sync", "async"])
 def test_a_consumer_started_while_the_master_of_a_partition_is_down_reads_the_others(
     down: OneMasterDown, api_class: type
