@@ -1,6 +1,7 @@
 -- dead_resolve: an operator's decision on a dead-lettered transaction: COMMIT, ROLLBACK or RECHECK.
 -- COMMIT appends the message to the topic stream and writes the op record in this one call; RECHECK puts the
 -- transaction back in flight (new half message, check count reset, due now). Idempotent like end_transaction.
+-- COMMIT and ROLLBACK apply the outcome with the text end_transaction runs (lua/include/apply_outcome.lua).
 -- KEYS: the topic keys of topic_keys.lua.
 -- ARGV[1] transaction_id
 -- ARGV[2] action             COMMIT | ROLLBACK | RECHECK
@@ -74,11 +75,10 @@ if action == 'RECHECK' then
   return {'OK', 'PREPARED', half_id, '', 'APPLIED', ''}
 end
 
-local half_id = dead['half_id'] or '-'
-local committed_id, refusal = apply_outcome(txid, action, dead, half_id, 'operator', remark, window_ms, op_maxlen)
-if not committed_id then
-  return refusal  -- the dead letter stays, to be resolved once the topic key is a stream again
-end
+-- The dead letter stays when the topic stream refuses the message (the fragment returns the refusal), to be
+-- resolved once the topic key is a stream again.
+local half_id, outcome, half, source = dead['half_id'] or '-', action, dead, 'operator'
+--#include apply_outcome
 redis.call('XDEL', dead_stream, dead_id)
 redis.call('HDEL', dead_index, txid)
 return {'OK', action, half_id, committed_id, 'APPLIED', ''}

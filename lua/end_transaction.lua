@@ -14,10 +14,11 @@
 --        entry from its producer group's check-request stream)
 --        or {'ERR', code, detail} with code BADARG | NOT_FOUND | CONFLICT | GROUP_MISMATCH | DEAD | CORRUPT | WRONGTYPE.
 -- COMMIT appends to the topic stream and writes the op record in this one call: no crash can split them.
--- One of the two calls of every send: no helper functions (see topic_keys.lua); the steps of apply_outcome and
--- retire in topic_lib.lua (which dead_resolve and the checker's scripts use) are written out here: keep them in
--- step. Nine commands on the common path: no TIME (the op record's id is the server's time) and no sweep of
--- expired outcomes but in one call of ten.
+-- One of the two calls of every send: no helper functions (see topic_keys.lua). Applying the outcome and retiring
+-- the half message are the fragments lua/include/apply_outcome.lua and retire_half.lua, inlined by the loader
+-- (lua/README.md), the same text dead_resolve and topic_lib's retire (the checker's burials) run. Nine commands on
+-- the common path: no TIME (the op record's id is the server's time) and no sweep of expired outcomes but in one
+-- call of ten.
 
 local txid, group, outcome, source, remark = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local window_ms, op_maxlen, expected_half = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
@@ -77,61 +78,11 @@ if outcome == 'UNKNOWN' then
   return {'OK', 'PREPARED', half_id, '', 'RECORDED', ''}
 end
 
--- Outcome first, retire after: a write that fails part-way must not lose the half message.
--- COMMIT: the topic stream entry holds the fields a consumer in any language reads (README).
-local committed_id = ''
-if outcome == 'COMMIT' then
-  local fields = {'transaction_id', txid, 'body', half['body']}
-  if half['keys'] then fields[#fields + 1] = 'keys'; fields[#fields + 1] = half['keys'] end
-  if half['tags'] then fields[#fields + 1] = 'tags'; fields[#fields + 1] = half['tags'] end
-  if half['properties'] then fields[#fields + 1] = 'properties'; fields[#fields + 1] = half['properties'] end
-  committed_id = redis.pcall('XADD', topic_stream, '*', unpack(fields))
-  if type(committed_id) == 'table' then
-    local err = tostring(committed_id['err'])
-    if string.find(err, 'WRONGTYPE', 1, true) then
-      return {'ERR', 'WRONGTYPE', 'the topic key ' .. topic_stream .. ' holds another type than a stream'}
-    end
-    return {'ERR', 'REFUSED', 'the topic stream refused the message: ' .. err}
-  end
-end
-local op_id = redis.call('XADD', op_stream, 'MAXLEN', '~', op_maxlen, '*',
-  'transaction_id', txid, 'outcome', outcome, 'half_id', half_id, 'committed_id', committed_id,
-  'source', source, 'remark', remark)
--- Remember the outcome for the dedupe window, so a repeated end gets the first answer; in the calls whose time
--- ends in 0 ms (one in ten, by the server's clock) forget, in one batch, what has passed the window (topic_lib.lua's
--- expire_ended). The time stays text on the common path: a Lua number would go through printf and strtod.
-if window_ms > 0 then
-  local now = string.match(op_id, '^%d+')
-  redis.call('HSET', ended, txid, outcome .. '|' .. (committed_id ~= '' and committed_id or '-') .. '|' .. half_id
-    .. '|' .. group)
-  redis.call('ZADD', ended_at, now, txid)
-  if string.byte(now, -1) == 48 then
-    local cutoff = string.format('%d', tonumber(now) - window_ms)
-    local old = redis.call('ZRANGEBYSCORE', ended_at, '-inf', '(' .. cutoff, 'LIMIT', 0, 256)
-    if #old > 0 then
-      redis.call('HDEL', ended, unpack(old))
-      redis.call('ZREM', ended_at, unpack(old))
-      redis.call('HDEL', remarks, unpack(old))
-    end
-    redis.call('XTRIM', op_stream, 'MINID', cutoff)
-  end
-end
+-- Outcome first, retire after: a write that fails part-way must not lose the half message. The fragment returns
+-- from the script, having written nothing, when the topic stream refuses the message.
+--#include apply_outcome
 
--- Retire the half message: memory follows in-flight transactions, not history. Still in `unchecked`, it was
--- never checked and has no `due`, `checks` or `requests` entry; its remark (if any) goes with its outcome when
--- the window passes. A pending check request lives in another hash slot: the caller deletes it.
-redis.call('XDEL', half_stream, half_id)
-redis.call('HDEL', inflight, txid)
-local request_id = ''
-if redis.call('ZREM', unchecked, txid) == 0 then
-  redis.call('ZREM', due, txid)
-  redis.call('HDEL', checks, txid)
-  request_id = redis.call('HGET', requests, txid) or ''
-  if request_id ~= '' then
-    redis.call('HDEL', requests, txid)
-  end
-  redis.call('HDEL', remarks, txid)
-elseif window_ms == 0 then
-  redis.call('HDEL', remarks, txid)
-end
+-- A never-checked transaction's remark (if any) goes with its remembered outcome when the window passes.
+local keep_remark = window_ms > 0
+--#include retire_half
 return {'OK', outcome, half_id, committed_id, 'APPLIED', request_id}
