@@ -37,7 +37,7 @@ from redis_txmq.groups import (
     read_group,
 )
 from redis_txmq.heartbeat import Heartbeat
-from redis_txmq.jobs import settle_jobs
+from redis_txmq.jobs.settling import settle_jobs
 from redis_txmq.keys import (
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
@@ -106,6 +106,7 @@ class Checker:
         self.scan_interval = scan_interval or min(1.0, self.settings.check_interval / 2)
         self.sweep_interval = sweep_interval
         self.metrics = metrics or CheckerMetrics()
+        self.metrics.watch(self.settings)
         self.heartbeat = Heartbeat.of_checker(client, self.instance_id, self.settings)
         self._takeover = PendingTakeover(
             client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP, self.instance_id, self.settings.claim_idle
@@ -128,6 +129,7 @@ class Checker:
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"checker {self.instance_id}: could not start: {exc}") from exc
         self._started = True
+        self.metrics.started()
 
     def _join_reply_group(self) -> None:
         ensure_consumer_group(self.client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP)
@@ -150,7 +152,7 @@ class Checker:
                 healthy = True
                 now = time.monotonic()
                 if now >= next_beat:
-                    healthy &= self._guarded("heartbeat", self.heartbeat.beat) is not _FAILED
+                    healthy &= self._guarded("heartbeat", self._beat) is not _FAILED
                     next_beat = now + self.settings.heartbeat_interval
                 if now >= next_scan and replies_ok:
                     stats = self._guarded("scan", self.scan)
@@ -161,6 +163,7 @@ class Checker:
                 block_ms = int(max(0.0, min(next_scan - time.monotonic(), 1.0)) * 1000)
                 replies_ok = self._guarded("replies", functools.partial(self.process_replies, block_ms)) is not _FAILED
                 healthy &= replies_ok
+                self.metrics.round_done()
                 if healthy:
                     backoff.reset()
                 else:
@@ -183,6 +186,8 @@ class Checker:
                 delay = backoff.next()
                 logger.warning("%s; retrying in %.1f s", exc, delay)
                 self.metrics.errors.labels("start").inc()
+                self.metrics.step_failed("start", exc)
+                self.metrics.round_done()
                 if stop.wait(delay):
                     return False
         return not stop.is_set()
@@ -193,8 +198,13 @@ class Checker:
             return action()
         except (*REDIS_ERRORS, TxMQError) as exc:
             self.metrics.errors.labels(step).inc()
+            self.metrics.step_failed(step, exc)
             logger.warning("checker %s: %s failed: %s; retrying", self.instance_id, step, exc)
             return _FAILED
+
+    def _beat(self) -> None:
+        self.heartbeat.beat()
+        self.metrics.beat()
 
     def run_round(self) -> RoundStats:
         """One scan and the replies waiting now (no blocking): handy for tests and one-shot runs."""
@@ -235,10 +245,12 @@ class Checker:
         and the replies go on."""
         stats = RoundStats()
         topics = self.topics()
+        failed: dict[str, BaseException] = {}
         for keys in topics:
             try:
                 self._scan_topic(keys, stats)
             except (*REDIS_ERRORS, TxMQError) as exc:
+                failed[keys.topic_stream] = exc
                 self.metrics.topic_errors.labels(keys.topic).inc()
                 logger.error(
                     "checker %s: topic=%s stream %s skipped this round: %s",
@@ -252,6 +264,8 @@ class Checker:
             stats.dead_lettered += self._sweep(topics)
             self._next_sweep = time.monotonic() + self.sweep_interval
         self._observe_in_flight(topics)
+        self.metrics.topics_scanned(topics, failed)
+        self._guarded("observe", functools.partial(self.metrics.observe, self.client, topics))
         return stats
 
     def _scan_topic(self, keys: TopicKeys, stats: RoundStats) -> None:

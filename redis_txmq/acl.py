@@ -171,7 +171,7 @@ def acl_rules(
         group_keys = [f"{PREFIX}:group:{{{g}}}:*" for g in groups] or [f"{PREFIX}:group:*"]
         keys = _topic_keys(topics) + group_keys
         keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM, CHECKER_INSTANCES, CHECKER_LEVELS, DECISIONS, *JOBS]
-        commands = TRANSACTION_COMMANDS
+        commands = (*TRANSACTION_COMMANDS, "xinfo|groups")  # the consumer groups' lag (metrics, txmq status)
     elif role == "consumer":
         if not consumer_group:
             raise ConfigurationError("ACL rules for a consumer: name its consumer group")

@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from . import entries
 from .broker import RedisBroker
 from .connection import server_info, server_nodes
@@ -58,32 +60,147 @@ def _server_ms(client: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def status(client: Any, live_seconds: float) -> dict[str, Any]:
-    """Per topic: committed, in_flight, oldest in-flight age, dead letters; per producer group: live instances and
-    pending check requests; live checker instances. An instance is live if it beat within ``live_seconds``."""
-    now = _server_ms(client)
-    live_from = now - int(live_seconds * 1000)
-    topics = []
-    for keys in registered_topics(client):
-        pipe = client.pipeline(transaction=False)
-        pipe.xlen(keys.topic_stream)
-        pipe.hlen(keys.inflight)
-        pipe.xrange(keys.half_stream, count=1)
-        pipe.xlen(keys.dead_stream)
-        committed, in_flight, oldest, dead = pipe.execute()
-        oldest_age = None
-        if oldest:
-            oldest_age = max(0.0, (now - int((entries.text(oldest[0][0]) or "0").split("-")[0])) / 1000)
-        topics.append(
+def by_topic(streams: list[TopicKeys]) -> dict[str, list[TopicKeys]]:
+    """Topic streams grouped by topic (its partitions together), in the order given."""
+    topics: dict[str, list[TopicKeys]] = {}
+    for keys in streams:
+        topics.setdefault(keys.topic, []).append(keys)
+    return topics
+
+
+def _id_ms(entry_id: Any) -> int:
+    return int((entries.text(entry_id) or "0").split("-")[0])
+
+
+def _id_key(entry_id: Any) -> tuple[int, int]:
+    ms, _, seq = (entries.text(entry_id) or "0-0").partition("-")
+    return int(ms), int(seq or 0)
+
+
+def stream_figures(client: Any, keys: TopicKeys, now_ms: int) -> dict[str, Any]:
+    """One topic stream (partition) in one pipeline: committed entries, transactions in flight, the age of the oldest
+    half message (None when nothing is in flight), dead-lettered transactions."""
+    pipe = client.pipeline(transaction=False)
+    pipe.xlen(keys.topic_stream)
+    pipe.hlen(keys.inflight)
+    pipe.xrange(keys.half_stream, count=1)
+    pipe.xlen(keys.dead_stream)
+    committed, in_flight, oldest, dead = pipe.execute()
+    oldest_age = max(0.0, (now_ms - _id_ms(oldest[0][0])) / 1000) if oldest else None
+    return {
+        "topic": keys.topic,
+        "stream": keys.topic_stream,
+        "committed": committed,
+        "in_flight": in_flight,
+        "oldest_in_flight_age_seconds": oldest_age,
+        "dead_letters": dead,
+    }
+
+
+def _is_missing_key(reply: Any) -> bool:
+    """XINFO GROUPS of a stream that does not exist (a partition nothing was committed to yet)."""
+    return isinstance(reply, redis.ResponseError) and "no such key" in str(reply).lower()
+
+
+def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any]]:
+    """Every consumer group of one topic, over the partitions given (all of the topic's, usually), one row each:
+
+    - ``undelivered``: entries no consumer of the group was given yet (Redis 7's ``lag`` of ``XINFO GROUPS``), the
+      sum over the partitions whose lag is known; Redis cannot tell it for a partition whose entries were deleted
+      (``XDEL``) past the group's last delivery or whose group was set to an arbitrary id: such partitions are
+      counted in ``undelivered_unknown_partitions`` (``undelivered`` is then a lower bound, None when none is known);
+    - ``pending``: delivered and not acknowledged; ``oldest_pending_idle_seconds``: how long ago the oldest of them
+      (the lowest id) was delivered, the longest over the partitions (None when nothing is pending);
+    - ``dead_letters``: entries the group gave up on (``txmq:{<stream>}:consumer-dead:<group>``), None for a group
+      whose name the library would refuse (made by another tool: it has no such stream);
+    - ``consumers``: members of the group (the most on one partition), ``partitions``: partitions holding the group.
+
+    Two pipelines for the whole topic (``XINFO GROUPS``, then ``XPENDING`` and ``XLEN`` per group). Each command
+    names its stream or a key in the stream's hash slot, so a cluster client sends it to that stream's master."""
+    pipe = client.pipeline(transaction=False)
+    for keys in partitions:
+        pipe.xinfo_groups(keys.topic_stream)
+    infos = pipe.execute(raise_on_error=False)
+    found: list[tuple[TopicKeys, dict[str, Any]]] = []
+    for keys, reply in zip(partitions, infos, strict=True):
+        if _is_missing_key(reply):
+            continue
+        if isinstance(reply, Exception):
+            raise reply
+        found.extend((keys, info) for info in reply)
+    if not found:
+        return []
+    pipe = client.pipeline(transaction=False)
+    asked: list[tuple[str, ...]] = []
+    for keys, info in found:
+        group = entries.text(info["name"]) or ""
+        calls: tuple[str, ...] = ()
+        if int(info.get("pending") or 0):
+            pipe.xpending_range(keys.topic_stream, group, min="-", max="+", count=1)
+            calls += ("oldest",)
+        try:
+            dead_stream = keys.consumer_dead_stream(group)
+        except ValueError:
+            dead_stream = None
+        if dead_stream is not None:
+            pipe.xlen(dead_stream)
+            calls += ("dead",)
+        if info.get("lag") is None:
+            pipe.xrevrange(keys.topic_stream, count=1)  # the last entry: nothing after the group's last delivery?
+            calls += ("last",)
+        asked.append(calls)
+    replies = iter(pipe.execute())
+    rows: dict[str, dict[str, Any]] = {}
+    for (keys, info), calls in zip(found, asked, strict=True):
+        answers = {call: next(replies) for call in calls}
+        group = entries.text(info["name"]) or ""
+        lag = info.get("lag")
+        if lag is None and "last" in answers:
+            last = answers["last"]
+            if not last or _id_key(last[0][0]) <= _id_key(info.get("last-delivered-id")):
+                lag = 0
+        row = rows.setdefault(
+            group,
             {
                 "topic": keys.topic,
-                "stream": keys.topic_stream,
-                "committed": committed,
-                "in_flight": in_flight,
-                "oldest_in_flight_age_seconds": oldest_age,
-                "dead_letters": dead,
-            }
+                "group": group,
+                "partitions": 0,
+                "consumers": 0,
+                "undelivered": None,
+                "undelivered_unknown_partitions": 0,
+                "pending": 0,
+                "oldest_pending_idle_seconds": None,
+                "dead_letters": 0,
+            },
         )
+        row["partitions"] += 1
+        row["consumers"] = max(row["consumers"], int(info.get("consumers") or 0))
+        if lag is None:
+            row["undelivered_unknown_partitions"] += 1
+        else:
+            row["undelivered"] = (row["undelivered"] or 0) + int(lag)
+        row["pending"] += int(info.get("pending") or 0)
+        oldest = answers.get("oldest")
+        if oldest:
+            idle = int(oldest[0]["time_since_delivered"]) / 1000
+            previous = row["oldest_pending_idle_seconds"]
+            row["oldest_pending_idle_seconds"] = idle if previous is None else max(previous, idle)
+        if "dead" not in answers:
+            row["dead_letters"] = None
+        elif row["dead_letters"] is not None:
+            row["dead_letters"] += int(answers["dead"])
+    return [rows[group] for group in sorted(rows)]
+
+
+def status(client: Any, live_seconds: float) -> dict[str, Any]:
+    """Per topic stream: committed, in_flight, oldest in-flight age, dead letters; per consumer group of each topic:
+    its lag (:func:`consumer_lag`); per producer group: live instances and pending check requests; live checker
+    instances. An instance is live if it beat within ``live_seconds``."""
+    now = _server_ms(client)
+    live_from = now - int(live_seconds * 1000)
+    listed = registered_topics(client)
+    topics = [stream_figures(client, keys, now) for keys in listed]
+    consumer_groups = [row for partitions in by_topic(listed).values() for row in consumer_lag(client, partitions)]
     groups = []
     for group in sorted(entries.text(g) or "" for g in client.smembers(GROUP_REGISTRY)):
         gkeys = GroupKeys(group)
@@ -102,6 +219,7 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
     return {
         "servers": servers(client),
         "topics": topics,
+        "consumer_groups": consumer_groups,
         "producer_groups": groups,
         "checkers": {"live_instances": checkers, "durability": checker_levels},
         "write_jobs": write_jobs(client, now),

@@ -357,7 +357,26 @@ def demo(redis_url: str | None, spark: bool) -> None:
     type=click.IntRange(1, 65535),
     envvar="TXMQ_METRICS_PORT",
     show_envvar=True,
-    help="Serve Prometheus metrics on this port.",
+    help="Serve Prometheus metrics (/metrics) and the probes /healthz (the loop goes round) and /readyz (Redis "
+    "reached, scripts loaded, heartbeat fresh, no topic failing) on this port: 200, or 503 with what failed, as JSON.",
+)
+@click.option(
+    "--stall-after",
+    type=click.FloatRange(min=1.0),
+    default=60.0,
+    show_default=True,
+    envvar="TXMQ_CHECKER_STALL_AFTER",
+    show_envvar=True,
+    help="Seconds without a round of the checker's loop after which /healthz answers 503.",
+)
+@click.option(
+    "--ready-topic-failures",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    envvar="TXMQ_CHECKER_READY_TOPIC_FAILURES",
+    show_envvar=True,
+    help="Failed scans in a row of one topic stream after which /readyz answers 503.",
 )
 def checker(
     redis_url: str | None,
@@ -370,8 +389,12 @@ def checker(
     batch_size: int,
     durability: str | None,
     metrics_port: int | None,
+    stall_after: float,
+    ready_topic_failures: int,
 ) -> None:
-    """Run the check-back worker until SIGTERM or SIGINT; run several for availability."""
+    """Run the check-back worker until SIGTERM or SIGINT; run several for availability.
+
+    With --metrics-port: /metrics, /healthz for a liveness probe, /readyz for a readiness probe."""
     from checker import Checker, CheckerMetrics
 
     settings = _settings(
@@ -384,7 +407,7 @@ def checker(
         claim_idle=claim_idle,
         durability=durability,
     )
-    metrics = CheckerMetrics()
+    metrics = CheckerMetrics(stall_after=stall_after, topic_failures=ready_topic_failures)
     if metrics_port is not None:
         try:
             metrics.serve(metrics_port)
@@ -404,12 +427,12 @@ def checker(
         f"durability={describe_durability(settings.durability_level())}",
         highlight=False,
     )
-    client = _client_once_reachable(settings, stop)
+    client = _client_once_reachable(settings, stop, metrics)
     if client is not None:
         Checker(client, settings, instance_id=instance, batch_size=batch_size, metrics=metrics).run(stop)
 
 
-def _client_once_reachable(settings: Settings, stop: threading.Event) -> Any:
+def _client_once_reachable(settings: Settings, stop: threading.Event, metrics: Any = None) -> Any:
     """The client, retried with backoff while it cannot be made (a cluster client asks the cluster for its slots
     when it is made); None if stopped first. A standalone client connects on first use: the checker retries then."""
     backoff = Backoff(first=0.5, cap=30.0)
@@ -421,6 +444,9 @@ def _client_once_reachable(settings: Settings, stop: threading.Event) -> Any:
             logging.getLogger("checker").warning(
                 "cannot reach Redis at %s (%s); retrying in %.1f s", _shown(settings.redis_url), exc, delay
             )
+            if metrics is not None:  # a try to start: the probes see the loop going round, and why it fails
+                metrics.step_failed("start", exc)
+                metrics.round_done()
             if stop.wait(delay):
                 return None
 
@@ -456,6 +482,7 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
             "-" if age is None else f"{age:.1f}",
             str(t["dead_letters"]),
         )
+    consumers = _consumer_groups_table(report["consumer_groups"])
     groups = Table(title="producer groups")
     for column in ("producer group", "live instances", "pending check requests", "durability"):
         groups.add_column(column)
@@ -467,7 +494,7 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
     for server in report["servers"]:
         levels = ", ".join(server["durability_levels"]) or "unknown (no INFO)"
         console.print(f"durability levels {server['address']} can give: {levels}", highlight=False)
-    console.print(topics, groups)
+    console.print(topics, consumers, groups)
     checkers = report["checkers"]
     console.print(f"live checkers: {checkers['live_instances']} (durability: {_levels(checkers['durability'])})")
     jobs = report["write_jobs"]
@@ -485,6 +512,35 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
         )
         for parked in jobs.get("parked_reasons", []):
             console.print(f"  {parked['job']}: {parked['reason']}", highlight=False, markup=False)
+
+
+def _consumer_groups_table(rows: list[dict[str, Any]]) -> Table:
+    """Each consumer group of each topic (all partitions): not yet delivered, pending, the oldest pending's idle
+    time, dead letters."""
+    table = Table(title="consumer groups")
+    columns = ("topic", "consumer group", "consumers", "undelivered", "pending", "oldest pending (s)", "dead letters")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        undelivered, unknown = row["undelivered"], row["undelivered_unknown_partitions"]
+        if undelivered is None:
+            lag = "unknown"
+        elif unknown:
+            lag = f">={undelivered} ({unknown} partition{'s' if unknown > 1 else ''} unknown)"
+        else:
+            lag = str(undelivered)
+        idle = row["oldest_pending_idle_seconds"]
+        dead = row["dead_letters"]
+        table.add_row(
+            row["topic"],
+            row["group"],
+            str(row["consumers"]),
+            lag,
+            str(row["pending"]),
+            "-" if idle is None else f"{idle:.1f}",
+            "-" if dead is None else str(dead),
+        )
+    return table
 
 
 def _levels(counts: dict[str, int]) -> str:

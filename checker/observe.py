@@ -1,0 +1,131 @@
+"""What the checker measures besides its own work, for alerting: the oldest in-flight transaction of each topic, the
+dead letters waiting for an operator, each consumer group's lag, and which Redis masters answer.
+
+Read with the queries of ``txmq status`` (``redis_txmq.admin``), every ``interval`` seconds (not every round: the
+lag of a topic costs two pipelines). A topic that cannot be read keeps its last values and is counted in
+``txmq_checker_errors_total{step="observe"}``; a topic or consumer group that is gone drops out of the gauges.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from redis_txmq.admin import by_topic, consumer_lag, stream_figures
+from redis_txmq.connection import REDIS_ERRORS, server_nodes
+from redis_txmq.errors import TxMQError
+from redis_txmq.keys import TopicKeys
+
+if TYPE_CHECKING:
+    from .metrics import CheckerMetrics
+
+logger = logging.getLogger(__name__)
+
+OBSERVE_INTERVAL = 10.0
+"""Default seconds between two observations (Prometheus scrapes every 15-60 s, usually)."""
+
+
+class Observer:
+    """Sets the checker's gauges of topics, consumer groups and masters from what Redis holds now."""
+
+    def __init__(
+        self, metrics: CheckerMetrics, interval: float = OBSERVE_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.metrics = metrics
+        self.interval = interval
+        self._clock = clock
+        self._next = 0.0
+        self._topics: set[str] = set()
+        self._groups: set[tuple[str, str]] = set()
+        self._masters: set[str] = set()
+
+    def observe(self, client: Any, topics: list[TopicKeys], force: bool = False) -> bool:
+        """Observe now if ``interval`` has passed since the last time (or ``force``); True if it did."""
+        now = self._clock()
+        if not force and now < self._next:
+            return False
+        self._next = now + self.interval
+        self._observe_topics(client, topics)
+        self._observe_masters(client)
+        return True
+
+    def _observe_topics(self, client: Any, topics: list[TopicKeys]) -> None:
+        now_ms = _server_ms(client)
+        m = self.metrics
+        seen_topics: set[str] = set()
+        seen_groups: set[tuple[str, str]] = set()
+        for topic, partitions in by_topic(topics).items():
+            seen_topics.add(topic)
+            try:
+                figures = [stream_figures(client, keys, now_ms) for keys in partitions]
+                lags = consumer_lag(client, partitions)
+            except (*REDIS_ERRORS, TxMQError) as exc:
+                m.errors.labels("observe").inc()
+                logger.warning("topic=%s not observed (gauges keep their last values): %s", topic, exc)
+                seen_groups |= {group for group in self._groups if group[0] == topic}
+                continue
+            ages = [f["oldest_in_flight_age_seconds"] for f in figures if f["oldest_in_flight_age_seconds"] is not None]
+            m.oldest_in_flight.labels(topic).set(max(ages, default=0.0))
+            m.dead_letters_waiting.labels(topic).set(sum(f["dead_letters"] for f in figures))
+            for row in lags:
+                labels = (topic, row["group"])
+                seen_groups.add(labels)
+                if row["undelivered"] is None:
+                    _remove(m.consumer_lag, labels)  # unknown: absent rather than a made-up number
+                else:
+                    m.consumer_lag.labels(*labels).set(row["undelivered"])
+                m.consumer_pending.labels(*labels).set(row["pending"])
+                m.consumer_oldest_pending.labels(*labels).set(row["oldest_pending_idle_seconds"] or 0.0)
+                if row["dead_letters"] is not None:
+                    m.consumer_dead_letters.labels(*labels).set(row["dead_letters"])
+        for topic in self._topics - seen_topics:
+            for gauge in (m.oldest_in_flight, m.dead_letters_waiting):
+                _remove(gauge, (topic,))
+        for labels in self._groups - seen_groups:
+            for gauge in (m.consumer_lag, m.consumer_pending, m.consumer_oldest_pending, m.consumer_dead_letters):
+                _remove(gauge, labels)
+        self._topics, self._groups = seen_topics, seen_groups
+
+    def _observe_masters(self, client: Any) -> None:
+        """``txmq_redis_master_up{address}``: a PING to the server (each master of a cluster). Masters the client
+        cannot even list (the Sentinels do not answer) keep their addresses, at 0."""
+        gauge = self.metrics.master_up
+        try:
+            nodes = server_nodes(client)
+        except REDIS_ERRORS as exc:
+            logger.warning("the Redis masters cannot be listed: %s", exc)
+            for address in self._masters or {"unknown"}:
+                gauge.labels(address).set(0)
+            return
+        seen = set()
+        for address, node in nodes:
+            seen.add(address)
+            try:
+                node.ping()
+                up = 1
+            except REDIS_ERRORS as exc:
+                logger.warning("Redis master %s does not answer: %s", address, exc)
+                up = 0
+            gauge.labels(address).set(up)
+        for address in (self._masters | {"unknown"}) - seen:
+            _remove(gauge, (address,))
+        self._masters = seen
+
+
+def _remove(gauge: Any, labels: tuple[str, ...]) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass
+
+
+def _server_ms(client: Any) -> int:
+    """The server's clock (ages are measured on it); the local one when no server answers TIME (a cluster's
+    default node down): the ages of the topics on the other masters are still worth having."""
+    try:
+        seconds, micros = client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+    except REDIS_ERRORS:
+        return int(time.time() * 1000)
