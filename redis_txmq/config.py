@@ -15,6 +15,8 @@ DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "TXMQ_"
 MIN_DEDUPE_WINDOW = 60.0
 """An end retried after a lost reply must get the first answer: the outcome outlives redis-py's retries."""
+LIFETIMES = ("transaction_record_lifetime", "job_decision_lifetime", "stage_lifetime")
+"""Settings in seconds that default to None: ``max_age`` plus ``dedupe_window``."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,15 @@ class Settings:
     passed without a renewal (its driver died). It must outlast the longest time a job runs no writing task (the
     gap between its tasks and the driver's commit, a wait for executors); independent of ``max_age``.
 
+    Lifetimes (seconds; each None by default, meaning ``max_age`` plus ``dedupe_window``, as long as a half message
+    may be in flight and an end be repeated after it): ``transaction_record_lifetime`` keeps the record of a
+    transaction of several messages (``txmq:decision:{X}``, its decision) once none of its messages is
+    dead-lettered, and must not be shorter than that default (a record gone while a half message of it is in flight
+    would let the other outcome be decided); ``job_decision_lifetime`` keeps a write job's record (its lease, then
+    its decision, ``txmq:job:{J}``), the stages it set aside and the counts of rows its stages published;
+    ``stage_lifetime`` keeps a write job's stages and their list, and must not be longer than
+    ``job_decision_lifetime`` (a decision outlives the stages it names).
+
     Durability (:mod:`redis_txmq.durability`): ``master`` acknowledges a prepare or an end once the master applied
     it; ``replica`` once ``durability_replicas`` replicas have it; ``aof`` once the master fsynced it to its
     append-only file; each waits at most ``durability_timeout`` seconds.
@@ -71,6 +82,9 @@ class Settings:
     durability_timeout: float = 1.0
     max_transaction_messages: int = 1000
     job_lease: float = 300.0
+    transaction_record_lifetime: float | None = None
+    job_decision_lifetime: float | None = None
+    stage_lifetime: float | None = None
 
     def __post_init__(self) -> None:
         positive = ("check_interval", "max_age", "heartbeat_interval", "claim_idle", "job_lease")
@@ -101,12 +115,50 @@ class Settings:
         if self.op_stream_maxlen < 1:
             raise ConfigurationError(f"op_stream_maxlen must be >= 1, got {self.op_stream_maxlen}")
         self.durability_level()
+        for name in LIFETIMES:
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigurationError(f"{name} must be > 0 seconds (or None for the default), got {value}")
+        if self.transaction_record_lifetime_ms < self.kept_ms:
+            raise ConfigurationError(
+                f"transaction_record_lifetime must be at least max_age plus dedupe_window "
+                f"({self.kept_ms / 1000:g} seconds), got {self.transaction_record_lifetime}: the record of a "
+                "transaction of several messages must outlive its half messages"
+            )
+        if self.stage_lifetime_ms > self.job_decision_lifetime_ms:
+            raise ConfigurationError(
+                f"stage_lifetime ({self.stage_lifetime_ms / 1000:g} seconds) must not be longer than "
+                f"job_decision_lifetime ({self.job_decision_lifetime_ms / 1000:g} seconds): a write job's decision "
+                "must outlive the stages it names (and the counts of rows they published)"
+            )
 
     @property
     def kept_ms(self) -> int:
-        """How long a decision (of a transaction of several messages, of a write job) and a write job's stage are
-        kept: as long as a half message or a job may still be in flight (``max_age``), and the dedupe window."""
+        """The default of each lifetime, in ms: as long as a half message may still be in flight (``max_age``), and
+        the dedupe window. (It was the one lifetime of them all; use the named ones.)"""
         return int((self.max_age + self.dedupe_window) * 1000)
+
+    @property
+    def transaction_record_lifetime_ms(self) -> int:
+        """How long the record of a transaction of several messages is kept once none of its messages is
+        dead-lettered (``lua/decide_transaction.lua``)."""
+        return self._lifetime_ms(self.transaction_record_lifetime)
+
+    @property
+    def job_decision_lifetime_ms(self) -> int:
+        """How long a write job's record (its lease, then its decision), its set aside stages and its stages'
+        published counts are kept (``lua/lease_job.lua``, ``decide_job.lua``, ``settle_job.lua``,
+        ``publish_stage.lua``)."""
+        return self._lifetime_ms(self.job_decision_lifetime)
+
+    @property
+    def stage_lifetime_ms(self) -> int:
+        """How long a write job's stage and its list of stages live (``lua/open_stage.lua``, ``note_stage.lua``):
+        a job never settled leaves nothing for ever."""
+        return self._lifetime_ms(self.stage_lifetime)
+
+    def _lifetime_ms(self, seconds: float | None) -> int:
+        return self.kept_ms if seconds is None else int(seconds * 1000)
 
     def durability_level(self) -> Durability | None:
         """The durability level as the command that confirms it (None for ``master``)."""
@@ -121,7 +173,8 @@ class Settings:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw == "":
                 continue
-            values[f.name] = _parse(f.name, raw, type(getattr(cls, f.name)))
+            kind = float if f.name in LIFETIMES else type(getattr(cls, f.name))
+            values[f.name] = _parse(f.name, raw, kind)
         settings = cls(**values)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -193,13 +193,14 @@ def decide_args(
     indices: Any = (),
 ) -> list[Any]:
     """ARGV of ``lua/decide_transaction.lua``: the record is kept while a message of it is dead-lettered, else for
-    as long as one of its half messages may still be in flight (``max_age``) and the dedupe window after that."""
+    ``transaction_record_lifetime`` (by default as long as one of its half messages may still be in flight,
+    ``max_age``, and the dedupe window after that)."""
     return [
         transaction_id,
         producer_group,
         RecordAction(action.value if isinstance(action, LocalTransactionState) else action).value,
         source.value,
-        settings.kept_ms,
+        settings.transaction_record_lifetime_ms,
         " ".join(str(i) for i in sorted(indices)),
     ]
 
