@@ -36,15 +36,9 @@ from redis.cluster import RedisCluster
 from redis_txmq.config import DEFAULT_REDIS_URL, Settings
 from redis_txmq.connection import REDIS_ERRORS, hiredis_packer
 from redis_txmq.durability import Durability
-from redis_txmq.errors import ConfigurationError, TxMQConnectionError, TxMQError
-from redis_txmq.jobs import (
-    ROWS_PER_STAGE_ENTRY,
-    STAGE_ENTRY_BYTES,
-    STAGE_ROWS_FIELD,
-    JobNotCommittedError,
-    LeaseKeeper,
-    WriteJob,
-)
+from redis_txmq.errors import ConfigurationError, JobNotCommittedError, TxMQConnectionError, TxMQError
+from redis_txmq.jobs.driver import LeaseKeeper, WriteJob
+from redis_txmq.jobs.stages import ROWS_PER_STAGE_ENTRY, STAGE_ENTRY_BYTES, STAGE_ROWS_FIELD
 from redis_txmq.keys import JobKeys, topic_meta_key
 from redis_txmq.message import DEFAULT_MAX_MESSAGE_SIZE, LocalTransactionState, validate_name
 from redis_txmq.topics import count_of, partition_keys_of
@@ -434,10 +428,10 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
 def _commit(job: WriteJob, messages: list[Any]) -> None:
     """Commit the attempts Spark committed; raise unless COMMIT is the decision that stands, so Spark reports the job
     (or the micro-batch) failed."""
-    decision = job.commit(_staged(messages))
-    if decision.outcome is not LocalTransactionState.COMMIT:
+    job_decision = job.commit(_staged(messages))
+    if job_decision.outcome is not LocalTransactionState.COMMIT:
         raise JobNotCommittedError(
-            f"write job {job.job_id}: not committed: {decision.outcome.value} stands (its lease of "
+            f"write job {job.job_id}: not committed: {job_decision.outcome.value} stands (its lease of "
             f"{job.settings.job_lease:g} s passed without a renewal and txmq checker rolled it back, or it was "
             "aborted); nothing of it was published: run it again"
         )

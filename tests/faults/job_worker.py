@@ -57,10 +57,10 @@ import pyarrow as pa
 import redis
 from pyspark.sql.types import StringType, StructField, StructType
 
-import redis_txmq.jobs
+import redis_txmq.jobs.stages
 import spark_connector.writer
 from redis_txmq.errors import TxMQConnectionError
-from redis_txmq.jobs import Decision, WriteJob
+from redis_txmq.jobs import JobDecision, WriteJob
 from redis_txmq.keys import JobKeys
 from redis_txmq.topics import partition_keys
 from spark_connector.writer import BatchWriter, StagedRows, StreamWriter, parse_write_options
@@ -322,7 +322,7 @@ class Injector:
         self.label = ""
         self.kind = ""
         self.fired = False
-        self.last_abort: Decision | None = None
+        self.last_abort: JobDecision | None = None
 
     def arm(self, injection: str, label: str, kind: str) -> None:
         self.injection, self.label, self.kind = injection, label, kind
@@ -346,7 +346,7 @@ class Injector:
         decide, do, abort = WriteJob.decide, WriteJob._do, WriteJob.abort
         injector = self
 
-        def wrapped_decide(job: WriteJob, outcome: Any, stages: Any) -> Decision:
+        def wrapped_decide(job: WriteJob, outcome: Any, stages: Any) -> JobDecision:
             if injector.injection == "kill before decision":
                 injector.die()
             decision = decide(job, outcome, stages)
@@ -377,7 +377,7 @@ class Injector:
                 injector.die(f"after the first publishing call moved {moved[1]} rows, {moved[2]} entries left")
             return do(job, what, action)
 
-        def wrapped_abort(job: WriteJob) -> Decision:
+        def wrapped_abort(job: WriteJob) -> JobDecision:
             injector.last_abort = None
             decision = abort(job)
             injector.last_abort = decision
@@ -600,7 +600,7 @@ def main(config_path: str, slot_arg: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     spark_connector.writer.TaskContext = TaskContexts  # type: ignore[misc,assignment]
     spark_connector.writer.ROWS_PER_STAGE_ENTRY = ROWS_PER_ENTRY  # type: ignore[misc]
-    redis_txmq.jobs.PUBLISH_CHUNK = PUBLISH_CHUNK  # type: ignore[misc]
+    redis_txmq.jobs.stages.PUBLISH_CHUNK = PUBLISH_CHUNK  # type: ignore[misc]
     driver = Driver(config, slot, stop)
     driver.injector.install()
     try:

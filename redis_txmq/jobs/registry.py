@@ -1,0 +1,58 @@
+"""The job registry ``txmq:jobs``: per write job not settled yet, when the checker looks at it next.
+
+An index in its own hash slot, written after the job's own scripts (a job listed late, or listed still after it was
+settled, is only looked at once too often): every reader confirms what it says in the job's record. The score is
+the end of the job's lease while it is undecided, the time of its job decision plus ``transaction_timeout`` once
+decided (its driver is settling it meanwhile), ``+inf`` for a job parked for an operator.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..entries import text
+from ..keys import JOB_REGISTRY
+
+if TYPE_CHECKING:
+    from .driver import JobDecision, WriteJob
+
+logger = logging.getLogger(__name__)
+
+
+def due(client: Any, now_ms: int, limit: int) -> list[str]:
+    """The record keys of the first ``limit`` jobs due by ``now_ms`` (server ms), wherever they are listed."""
+    return [text(member) or "" for member in client.zrangebyscore(JOB_REGISTRY, "-inf", now_ms, start=0, num=limit)]
+
+
+def list_job(job: WriteJob, due_ms: int) -> None:
+    """List the job for the checker at ``due_ms`` (server ms)."""
+    job._do("list", lambda: job.client.zadd(JOB_REGISTRY, {job.keys.decision: due_ms}))
+
+
+def list_decided(job: WriteJob, job_decision: JobDecision) -> None:
+    """A decided job is due for the checker ``transaction_timeout`` after its job decision."""
+    if job_decision.decided_ms is not None:
+        list_job(job, job_decision.decided_ms + int(job.settings.transaction_timeout * 1000))
+
+
+def unlist(job: WriteJob) -> None:
+    """Unlist the settled job; a micro-batch that a replay leased meanwhile is listed again with its lease."""
+    job._do("unlist", lambda: job.client.zrem(JOB_REGISTRY, job.keys.decision))
+    lease = job._do("read its lease", lambda: job.client.hget(job.keys.decision, "lease_ms"))
+    if lease is not None:  # only an undecided job holds one
+        list_job(job, int(lease))
+
+
+def park(job: WriteJob, reason: str) -> None:
+    """Keep the job listed, out of the checker's way (score ``+inf``), its reason in its record's ``parked``
+    field, and say so in the log: its rows need an operator."""
+    logger.error("write job %s parked (%s): %s", job.job_id, job.keys.decision, reason)
+    job._do("park", lambda: job.client.hset(job.keys.decision, "parked", reason))
+    job._do("park", lambda: job.client.zadd(JOB_REGISTRY, {job.keys.decision: "+inf"}))
+
+
+def drop(client: Any, member: str) -> None:
+    """Remove a member that names no write job (written by another tool)."""
+    logger.warning("%s lists %r, which is not a write job: removed", JOB_REGISTRY, member)
+    client.zrem(JOB_REGISTRY, member)

@@ -1,0 +1,131 @@
+"""A write job's stages, and how a job decision is carried out on them (what Spark's sink relies on).
+
+A stage is a stream beside a topic stream (same hash slot), one per task attempt and topic stream, invisible to
+consumers. The writer (``spark_connector/writer.py``) packs its rows into stage entries by the constants here; a
+task attempt's stage is opened empty with a time to live and listed in its job before any row goes in
+(:func:`open_stage`), refused once the job is decided. Settling by the job decision that stands
+(:func:`settle_by_job_decision`): a COMMIT's stages are published into their topic streams chunk by chunk
+(:func:`publish_stage`), each stage's rows published compared with the rows its attempt staged; every other stage
+is deleted; a job whose committed rows cannot all be published is parked for an operator.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ..entries import text
+from ..errors import UnpublishableJobError, WriteJobError
+from ..keys import JOB_REGISTRY, published_key, stage_key, stream_of_stage
+from ..message import LocalTransactionState
+from . import registry
+
+if TYPE_CHECKING:
+    from .driver import JobDecision, WriteJob
+
+logger = logging.getLogger(__name__)
+
+STAGE_ROWS_FIELD = "rows"
+ROWS_PER_STAGE_ENTRY = 100
+"""Rows a writer packs into one stage entry at most (fewer when they reach :data:`STAGE_ENTRY_BYTES`)."""
+STAGE_ENTRY_BYTES = 1 << 20
+"""Body bytes after which a writer closes a stage entry early: one call never moves much more than a few MiB."""
+PUBLISH_CHUNK = 10
+"""Stage entries one ``publish_stage`` call moves (about 1,000 rows): large enough to cost little per row, small
+enough to keep the server responsive between calls."""
+
+COMMIT = LocalTransactionState.COMMIT
+
+
+def open_stage(job: WriteJob, stream: str, attempt: str) -> str | None:
+    """The stage of task attempt ``attempt`` for ``stream``: the job leased (and listed) first, then the stage
+    opened empty with a time to live (``lua/open_stage.lua``; rows go in with ``XADD NOMKSTREAM``) and listed in
+    the job's stages (``lua/note_stage.lua``). None when the job is already decided (a late or speculative
+    attempt, a micro-batch replayed after a restart): the attempt writes nothing."""
+    key = stage_key(stream, job.job_id, attempt)
+    if job.lease() is None:
+        logger.info("write job %s: decided before task attempt %s began to write for %s", job.job_id, attempt, stream)
+        return None
+    lifetime = job.settings.stage_lifetime_ms
+    # not confirmed here: the writer's confirmation of its stage writes covers these earlier writes too
+    job.call("open a stage", "open_stage", [key], [lifetime])
+    noted = job.call("note a stage", "note_stage", job.keys.note_keys, [key, lifetime])
+    if text(noted[0]) == "OK":
+        return key
+    job._do("delete a stage", lambda: job.client.delete(key))
+    if text(noted[0]) != "DECIDED":
+        raise WriteJobError(f"write job {job.job_id}: stage {key} refused: {text(noted[1])} {text(noted[2])}")
+    logger.info(
+        "write job %s: already decided %s when task attempt %s began to write for %s: it writes nothing",
+        job.job_id,
+        text(noted[1]),
+        attempt,
+        stream,
+    )
+    return None
+
+
+def settle_by_job_decision(job: WriteJob, job_decision: JobDecision) -> int:
+    """Publish the job decision's stages (a COMMIT), delete every other stage of the job, unlist it; returns the
+    rows this call published. Raises :class:`UnpublishableJobError` (after parking the job) when a committed stage
+    is missing, cannot be published or published fewer rows than staged; the other stages are published first."""
+    published, failures = 0, []
+    if job_decision.outcome is COMMIT and job_decision.status != "DISCARDED":
+        for stage in job_decision.stages:
+            try:
+                moved, total = publish_stage(job, stage)
+            except UnpublishableJobError as exc:
+                failures.append(str(exc))
+                continue
+            published += moved
+            staged = job_decision.rows.get(stage)
+            if staged is not None and total != staged:
+                failures.append(f"stage {stage}: {total} rows published of the {staged} its attempt staged")
+    if failures:
+        reason = "; ".join(failures)
+        registry.park(job, reason)
+        raise UnpublishableJobError(
+            f"write job {job.job_id}: committed, but not every row can be published: {reason}. The job is "
+            f"parked: fix or delete what is named, then list it again (ZADD {JOB_REGISTRY} 0 "
+            f"{job.keys.decision}) for txmq checker to publish the rest"
+        )
+    keep = set(job_decision.stages) if job_decision.outcome is COMMIT else set()
+    delete_stages(job, keep, aside_only=job_decision.status == "DISCARDED")
+    registry.unlist(job)
+    return published
+
+
+def delete_stages(job: WriteJob, keep: set[str], aside_only: bool) -> None:
+    """Delete the stage streams of the job that are not to be published, then their lists. A discarded
+    micro-batch deletes only its set aside stages: its stage list may already be a replay's."""
+    client, keys = job.client, job.keys
+    lists = [keys.set_aside] if aside_only else [keys.stages, keys.set_aside]
+    for listed in lists:
+        members = [text(m) or "" for m in job._do("read its stages", lambda k=listed: client.smembers(k))]
+        for stage in members:
+            if stage not in keep:
+                job._do("delete a stage", lambda stage=stage: client.delete(stage))
+        if members and listed == keys.set_aside:
+            job._do("forget deleted stages", lambda m=members: client.srem(keys.set_aside, *m))
+    if not aside_only:
+        job._do("delete its stage list", lambda: client.delete(keys.stages))
+
+
+def publish_stage(job: WriteJob, stage: str) -> tuple[int, int]:
+    """Move a stage into its topic stream, chunk by chunk (``lua/publish_stage.lua``, confirmed at the durability
+    level): the rows this call moved, and the rows published from it in all (by any caller)."""
+    stream = stream_of_stage(stage)
+    keys = [stage, stream, published_key(stage)]
+    args = [PUBLISH_CHUNK, job.settings.job_decision_lifetime_ms]  # the published count lives as long as the decision
+    moved = 0
+    while True:
+        reply = job.call("publish", "publish_stage", keys, args, confirmed=True)
+        status = text(reply[0])
+        if status != "OK":
+            code, detail = text(reply[1]), text(reply[2])
+            if code in ("MISSING", "CORRUPT"):
+                raise UnpublishableJobError(f"stage {stage}: {code}: {detail}")
+            raise WriteJobError(f"write job {job.job_id}: stage {stage}: {code}: {detail}; it stays for a retry")
+        moved += int(reply[1])
+        if int(reply[2]) == 0:
+            return moved, int(reply[3])
