@@ -196,7 +196,7 @@ class Progress:
     sends: list[int]
 
 
-CATCH_UP_SECONDS = 5.0
+CATCH_UP_SECONDS = 20.0
 """How long ``master_down`` keeps the master down after its time, at most, until the consumers have received every
 entry of the other masters' partitions."""
 
