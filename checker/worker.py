@@ -37,7 +37,7 @@ from redis_txmq.groups import (
     read_group,
 )
 from redis_txmq.heartbeat import Heartbeat
-from redis_txmq.jobs import settle_jobs
+from redis_txmq.jobs.settling import settle_jobs
 from redis_txmq.keys import (
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
