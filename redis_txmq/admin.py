@@ -72,11 +72,6 @@ def _id_ms(entry_id: Any) -> int:
     return int((entries.text(entry_id) or "0").split("-")[0])
 
 
-def _id_key(entry_id: Any) -> tuple[int, int]:
-    ms, _, seq = (entries.text(entry_id) or "0-0").partition("-")
-    return int(ms), int(seq or 0)
-
-
 def stream_figures(client: Any, keys: TopicKeys, now_ms: int) -> dict[str, Any]:
     """One topic stream (partition) in one pipeline: committed entries, transactions in flight, the age of the oldest
     half message (None when nothing is in flight), dead-lettered transactions."""
@@ -105,10 +100,11 @@ def _is_missing_key(reply: Any) -> bool:
 def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any]]:
     """Every consumer group of one topic, over the partitions given (all of the topic's, usually), one row each:
 
-    - ``undelivered``: entries no consumer of the group was given yet (Redis 7's ``lag`` of ``XINFO GROUPS``), the
-      sum over the partitions whose lag is known; Redis cannot tell it for a partition whose entries were deleted
-      (``XDEL``) past the group's last delivery or whose group was set to an arbitrary id: such partitions are
-      counted in ``undelivered_unknown_partitions`` (``undelivered`` is then a lower bound, None when none is known);
+    - ``undelivered``: entries no consumer of the group was given yet (Redis 7's ``lag`` of ``XINFO GROUPS``, which
+      Redis computes from the group's entries-read counter), the sum over the partitions whose lag is known. Redis
+      cannot tell it for a partition with entries deleted (``XDEL``) past the group's last delivery, or whose group
+      was set to an arbitrary id: such partitions are counted in ``undelivered_unknown_partitions`` (``undelivered``
+      is then a lower bound; None when no partition's is known);
     - ``pending``: delivered and not acknowledged; ``oldest_pending_idle_seconds``: how long ago the oldest of them
       (the lowest id) was delivered, the longest over the partitions (None when nothing is pending);
     - ``dead_letters``: entries the group gave up on (``txmq:{<stream>}:consumer-dead:<group>``), None for a group
@@ -145,9 +141,6 @@ def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any
         if dead_stream is not None:
             pipe.xlen(dead_stream)
             calls += ("dead",)
-        if info.get("lag") is None:
-            pipe.xrevrange(keys.topic_stream, count=1)  # the last entry: nothing after the group's last delivery?
-            calls += ("last",)
         asked.append(calls)
     replies = iter(pipe.execute())
     rows: dict[str, dict[str, Any]] = {}
@@ -155,10 +148,6 @@ def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any
         answers = {call: next(replies) for call in calls}
         group = entries.text(info["name"]) or ""
         lag = info.get("lag")
-        if lag is None and "last" in answers:
-            last = answers["last"]
-            if not last or _id_key(last[0][0]) <= _id_key(info.get("last-delivered-id")):
-                lag = 0
         row = rows.setdefault(
             group,
             {
