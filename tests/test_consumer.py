@@ -37,6 +37,7 @@ from redis_txmq import (
 )
 from redis_txmq.asyncio.consumer import Consumer as AsyncConsumer
 from redis_txmq.embedded import free_port, wait_for_ping
+from redis_txmq.groups import ensure_consumer_group, forget_dead_consumers
 from redis_txmq.keys import TopicKeys
 
 from .async_api import LoopThread, Synced, async_client_like
@@ -258,6 +259,19 @@ def test_malformed_entry_is_dead_lettered_and_consumer_goes_on(api, client, capl
     assert any("malformed" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("properties", [b'["not", "an", "object"]', b'{"n": 1}', b"{not json"])
+def test_entry_with_malformed_properties_is_dead_lettered_and_the_consumer_goes_on(api, client, properties):
+    """Entries another tool wrote with a malformed ``properties`` field: dead-lettered with the reason, and the
+    consumer goes on with the next message (SPEC §5, bad input)."""
+    client.xadd("orders", {"body": b"foreign", "transaction_id": "t" * 32, "properties": properties})
+    send(client, [COMMIT])
+    c = consumer(api, client)
+    assert [m.body for m in drain(c)] == [b"m0"]
+    ((_, dead),) = c.dead_letters()
+    assert dead["body"] == b"foreign" and dead["properties"] == properties
+    assert b"properties" in dead["dead_reason"]
+
+
 def test_explicit_dead_letter_is_idempotent(api, client):
     send(client, [COMMIT])
     c = consumer(api, client)
@@ -308,6 +322,35 @@ def test_dead_consumer_is_forgotten_once_its_entries_were_claimed(api, client):
     live.ack(redelivered)
     wait_until(lambda: live.poll() == [] and consumer_names(client) == ["live"])
     assert client.xpending("orders", "billing")["pending"] == 0
+
+
+def test_a_consumer_holding_an_entry_is_never_forgotten(api, client):
+    """Only consumers that hold nothing are forgotten, however long they were idle: removing one that holds an
+    entry would drop that entry from the group's pending list, and nobody would ever be given it again."""
+    send(client, [COMMIT])
+    holder = consumer(api, client, "holder")
+    assert [m.body for m in holder.poll()] == [b"m0"]
+    client.xgroup_createconsumer("orders", "billing", "idle")
+
+    assert forget_dead_consumers(client, "orders", "billing", "me", idle_ms=0) == ["idle"]
+    assert consumer_names(client) == ["holder"]
+    assert client.xpending("orders", "billing")["pending"] == 1
+
+
+def test_a_consumer_reading_one_at_a_time_takes_over_a_dead_consumers_message(api, client):
+    send(client, [COMMIT])
+    dead = consumer(api, client, "dead", batch_size=1, min_idle_time=0.1)
+    assert [m.body for m in dead.poll()] == [b"m0"]  # ...and it dies without acking
+    live = consumer(api, client, "live", batch_size=1, min_idle_time=0.1)
+    (taken_over,) = wait_until(live.poll)
+    assert (taken_over.body, taken_over.delivery_count) == (b"m0", 2)
+
+
+def test_a_consumer_group_on_a_key_of_another_type_is_an_error(client):
+    """A damaged key (not a stream) is reported when the group is created, not taken for a created group."""
+    client.set("orders", "not a stream")
+    with pytest.raises(TxMQConnectionError, match="could not create consumer group"):
+        ensure_consumer_group(client, "orders", "billing")
 
 
 @contextlib.contextmanager

@@ -99,6 +99,29 @@ def test_error_names_the_topic():
         Message("orders", b"x" * 11).validate(max_message_size=10)
 
 
+@pytest.mark.parametrize(
+    ("message", "says"),
+    [
+        pytest.param(Message("orders", "text"), r"topic 'orders'.*bytes, not str.*encode it first", id="str-body"),
+        pytest.param(Message("orders", b"x", keys=[""]), r"topic 'orders'.*every key.*non-empty", id="empty-key"),
+        pytest.param(
+            Message("orders", b"x", properties={"n": 1}),
+            r"topic 'orders'.*property 'n' must have a str value, got int",
+            id="int-property",
+        ),
+        pytest.param(
+            Message("orders", b"x", properties={"Delay": "3"}),
+            r"topic 'orders'.*property 'Delay' asks for a delay",
+            id="delay-property",
+        ),
+    ],
+)
+def test_a_refusal_names_the_message_and_what_is_wrong(message, says):
+    """The text a developer reads first says which message and which part is wrong, and how to fix it."""
+    with pytest.raises(TxMQError, match=says):
+        message.validate()
+
+
 def test_valid_message_passes():
     Message(
         "orders.eu-1:v2", b"", keys=["a", "b"], tags="t", properties={"source": "web"}, check_immunity_seconds=0.5

@@ -23,7 +23,7 @@ from redis_txmq.admin import status
 from redis_txmq.cli import main
 from redis_txmq.keys import TopicKeys
 
-from .helpers import wait_until
+from .helpers import ScriptedListener, wait_until
 
 COMMIT, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.UNKNOWN
 
@@ -47,6 +47,25 @@ def test_create_topic_is_idempotent_and_refuses_changes(client):
     with pytest.raises(ConfigurationError, match="1 to 1024"):
         create_topic(client, "refunds", 0)
     assert partition_count(client, "refunds") == 1
+
+
+def test_partition_counts_are_checked_at_both_ends_of_the_range(client):
+    """1..1024: ``create_topic`` leaves the range check to its script, so the library call refuses 1025 too."""
+    assert create_topic(client, "wide", 1024) == 1024
+    with pytest.raises(ConfigurationError, match="from 1 to 1024"):
+        create_topic(client, "wider", 1025)
+    with pytest.raises(ConfigurationError, match="from 1 to 1024"):
+        create_topic(client, "narrow", 0)
+
+
+def test_creating_a_topic_in_use_with_one_partition_is_accepted(client):
+    """One partition is what an unpartitioned topic in use already has: setting it (a deploy script that declares
+    every topic) is accepted, more partitions are refused."""
+    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
+        producer.send_message_in_transaction(Message("orders", b"m"), COMMIT)
+    with pytest.raises(ConfigurationError, match="already has messages"):
+        create_topic(client, "orders", 2)
+    assert create_topic(client, "orders", 1) == 1
 
 
 def test_created_topic_is_registered_before_its_first_message(client):

@@ -1,7 +1,7 @@
-"""Producer and operator contracts that no other test pinned down: a send whose end call finds Redis gone returns
-its result with ``end_error`` (through the send path's own connections and their retries, not a mocked runner),
-``flush(timeout)`` of a one-way producer gives up at its timeout, and a refused end names its topic and transaction
-on the exception, not only in its text."""
+"""When an end cannot be applied: a send whose end call finds Redis gone returns its result with ``end_error``
+(through the send path's own connections and their retries, not a mocked runner), ``flush(timeout)`` of a one-way
+producer gives up at its timeout with the end still queued, and a refused operator's end names its topic and
+transaction on the exception, not only in its text."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The Spark source's data-loss check on an entry deleted with XDEL (test_spark.py covers trimming): the readers run
-in this process, without a SparkSession, as Spark's executors call them."""
+"""The Spark source's readers, run in this process without a SparkSession, as Spark's executors call them: an entry
+deleted with XDEL is data loss (test_spark.py covers trimming), entries of any layout and a cluster client's replies
+are decoded alike, a read stopped early leaves no reply behind, and corrupt or foreign-encoded properties are named
+or read."""
 
 from __future__ import annotations
 

@@ -1,28 +1,19 @@
-"""Script behaviour that operators and consumers rely on and that no other test pinned down: an operator's re-check
-is idempotent and keeps its remark, a dead-letter command refuses a transaction still in flight, a late end of a
-dead-lettered transaction says so, forgetting dead consumers never drops one that holds an entry (``XGROUP
-DELCONSUMER`` would drop the entry with it), a consumer reading one message at a time takes over a dead one's, and
-the partition counts at both ends of the allowed range are accepted."""
+"""Transactions in the dead-letter stream: a half message the checker cannot check goes there at once, a producer
+that ends one late is told where it went, and an operator's re-check is idempotent (keeping its remark) while a
+commit onto a topic key of another type is refused and keeps the dead letter."""
 
 from __future__ import annotations
 
 import pytest
 
 from checker import Checker
-from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, create_topic
+from redis_txmq import LocalTransactionState, Message, Settings
 from redis_txmq.admin import dead_letters
 from redis_txmq.broker import DeadAction, EndSource, RedisBroker
-from redis_txmq.errors import (
-    ConfigurationError,
-    CorruptEntryError,
-    TransactionDeadLetteredError,
-    TransactionError,
-    TxMQConnectionError,
-)
-from redis_txmq.groups import ensure_consumer_group, forget_dead_consumers
+from redis_txmq.errors import CorruptEntryError, TransactionDeadLetteredError, TransactionError
 from redis_txmq.keys import TOPIC_REGISTRY, TopicKeys
 
-from .helpers import ScriptedListener, wait_until
+from .helpers import wait_until
 
 KEYS = TopicKeys("orders")
 
@@ -89,49 +80,6 @@ def test_a_late_end_of_a_dead_lettered_transaction_says_it_is_dead_lettered(clie
     assert client.xlen("orders") == 0
 
 
-def test_a_consumer_holding_an_entry_is_never_forgotten(client):
-    """Only consumers that hold nothing are forgotten, however long they were idle: removing one that holds an
-    entry would drop that entry from the group's pending list, and nobody would ever be given it again."""
-    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
-        producer.send_message_in_transaction(Message("orders", b"m"), LocalTransactionState.COMMIT)
-    holder = Consumer("orders", "billing", "holder", client=client, block=0.05)
-    assert [m.body for m in holder.poll()] == [b"m"]
-    client.xgroup_createconsumer("orders", "billing", "idle")
-
-    assert forget_dead_consumers(client, "orders", "billing", "me", idle_ms=0) == ["idle"]
-    assert [c["name"] for c in client.xinfo_consumers("orders", "billing")] == [b"holder"]
-    assert client.xpending("orders", "billing")["pending"] == 1
-
-
-def test_a_consumer_reading_one_at_a_time_takes_over_a_dead_consumers_message(client):
-    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
-        producer.send_message_in_transaction(Message("orders", b"m"), LocalTransactionState.COMMIT)
-    dead = Consumer("orders", "billing", "dead", client=client, block=0.05, batch_size=1, min_idle_time=0.1)
-    assert [m.body for m in dead.poll()] == [b"m"]  # ...and it dies without acking
-    live = Consumer("orders", "billing", "live", client=client, block=0.05, batch_size=1, min_idle_time=0.1)
-    (taken_over,) = wait_until(live.poll)
-    assert (taken_over.body, taken_over.delivery_count) == (b"m", 2)
-
-
-def test_partition_counts_are_checked_at_both_ends_of_the_range(client):
-    """1..1024: ``create_topic`` leaves the range check to its script, so the library call refuses 1025 too."""
-    assert create_topic(client, "wide", 1024) == 1024
-    with pytest.raises(ConfigurationError, match="from 1 to 1024"):
-        create_topic(client, "wider", 1025)
-    with pytest.raises(ConfigurationError, match="from 1 to 1024"):
-        create_topic(client, "narrow", 0)
-
-
-def test_creating_a_topic_in_use_with_one_partition_is_accepted(client):
-    """One partition is what an unpartitioned topic in use already has: setting it (a deploy script that declares
-    every topic) is accepted, more partitions are refused."""
-    with TransactionProducer("order_group", ScriptedListener(), client=client) as producer:
-        producer.send_message_in_transaction(Message("orders", b"m"), LocalTransactionState.COMMIT)
-    with pytest.raises(ConfigurationError, match="already has messages"):
-        create_topic(client, "orders", 2)
-    assert create_topic(client, "orders", 1) == 1
-
-
 @pytest.mark.parametrize("missing", ["body", "producer_group", "born_ms", "transaction_id"])
 def test_an_indexed_half_message_missing_one_field_is_dead_lettered_at_once(client, missing):
     """Each field a check needs, missing alone from an indexed half message (written by another tool): the checker
@@ -146,10 +94,3 @@ def test_an_indexed_half_message_missing_one_field_is_dead_lettered_at_once(clie
     assert (stats.dead_lettered, stats.checks_sent) == (1, 0)
     ((_, dead),) = client.xrange(KEYS.dead_stream)
     assert dead[b"dead_reason"].startswith(b"malformed half message") and dead[b"half_id"].decode() == half_id
-
-
-def test_a_consumer_group_on_a_key_of_another_type_is_an_error(client):
-    """A damaged key (not a stream) is reported when the group is created, not taken for a created group."""
-    client.set("orders", "not a stream")
-    with pytest.raises(TxMQConnectionError, match="could not create consumer group"):
-        ensure_consumer_group(client, "orders", "billing")
