@@ -8,13 +8,33 @@ with producer.transaction(Message("orders", body, keys="order-1")) as tx:   # th
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from .config import Settings
 from .message import LocalTransactionState, Message, TransactionSendResult
-from .sending import HandleState, ManyHandleState, outcome_of_block
+from .sending import HandleState, InFlight, ManyHandleState, ManyState, outcome_of_block
 
-if TYPE_CHECKING:
-    from .producer import TransactionProducer
+
+class TransactionSender(Protocol):
+    """What a transaction handle needs from its producer (:class:`redis_txmq.TransactionProducer` is one): the
+    handle calls the producer's send steps, and the producer module imports the handles, not the other way round."""
+
+    producer_group: str
+    settings: Settings
+
+    def _prepare(self, message: Message, of: ManyState | None = None) -> InFlight:
+        """Write the half message of ``message`` (one message of ``of`` when given)."""
+        ...
+
+    def _end(self, tx: InFlight, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
+        """End the transaction of one message with ``state``."""
+        ...
+
+    def _end_many(
+        self, many: ManyState, state: LocalTransactionState, remark: str | None
+    ) -> list[TransactionSendResult]:
+        """Decide the transaction of several messages once, then end each of its messages with the decision."""
+        ...
 
 
 class Transaction(HandleState):
@@ -23,7 +43,7 @@ class Transaction(HandleState):
     the check-back when it was interrupted (``KeyboardInterrupt``). :meth:`commit` / :meth:`rollback` end it early;
     :attr:`result` is the send result once ended."""
 
-    def __init__(self, producer: TransactionProducer, message: Message) -> None:
+    def __init__(self, producer: TransactionSender, message: Message) -> None:
         super().__init__(message)
         self._producer = producer
 
@@ -58,7 +78,7 @@ class TransactionOfMany(ManyHandleState):
     Leaving the block decides as :class:`Transaction` does, writes the decision once and ends every message with
     it; :attr:`results` holds one send result per message whose send returned."""
 
-    def __init__(self, producer: TransactionProducer) -> None:
+    def __init__(self, producer: TransactionSender) -> None:
         super().__init__(producer.producer_group, producer.settings.max_transaction_messages)
         self._producer = producer
 
