@@ -1,46 +1,59 @@
-"""The asyncio consumer: :class:`redis_txmq.Consumer` on ``redis.asyncio``.
+"""The consumer's I/O shell: performs the effects of :class:`redis_txmq.consuming.ConsumerProtocol`'s steps.
 
-The steps and their decisions are :class:`redis_txmq.consuming.ConsumerProtocol`'s, shared with the sync
-consumer; this module only awaits the Redis calls, the pauses and the handler.
+The steps and their decisions (what is sent, how replies are read, retries, the error messages) are written once in
+:mod:`redis_txmq.consuming`; this module only performs them: the Redis calls, the pauses, the user's handler. The
+asyncio consumer's module is the source, and the sync consumer's is generated from it by ``scripts/unasync.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
 from .. import tracing
 from ..consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from ..entries import ConsumedMessage
+from ..synchronization import AsyncEvent, async_maybe_await
 from .scripts import preload
 
 logger = logging.getLogger(__name__)
 
 
 class Consumer(ConsumerProtocol):
-    """Reads one topic through a consumer group, on a ``redis.asyncio.Redis`` or
-    ``redis.asyncio.cluster.RedisCluster`` client; the constructor options, the settings and the errors are those
-    of :class:`redis_txmq.Consumer`::
+    """Reads one topic through a consumer group; each message goes to one consumer of the group::
 
         async with Consumer("orders", "billing", redis_url=url) as consumer:
             async for message in consumer:
                 await bill(message)
                 await consumer.ack(message)
 
-    The constructor does no I/O: ``async with`` (or :meth:`start`) reads the topic's partitions and creates the
-    group, and raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis cannot be reached; a consumer
-    used without it does the same on its first call. A call that is cancelled (``task.cancel()``, a timeout)
-    leaves the consumer usable; a message read by a cancelled poll is re-delivered after ``min_idle_time``.
+    Pass ``redis_url`` or ``client`` (a ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``).
+    Unacked messages of a consumer that died are claimed by a live one after ``min_idle_time`` seconds, and the
+    dead consumer's name is then removed from the group; a message delivered more than ``max_deliveries`` times
+    moves to the group's dead-letter stream (``txmq:{<topic>}:consumer-dead:<group>``) with its reason instead of
+    being delivered again. ``start_id`` is where a new group starts: ``"0"`` (default, nothing committed is missed)
+    or ``"$"``; a group that Redis lost (restart without persistence, failover to a lagging replica) is created
+    again from ``start_id`` too.
+
+    The group is set up by :meth:`start` (``with`` calls it; the sync consumer's constructor too, so that a
+    consumer that cannot reach Redis is not made), which raises :class:`~redis_txmq.errors.TxMQConnectionError`
+    when Redis cannot be reached. Iteration and :meth:`run` ride out dropped connections and restarts, retrying
+    with backoff until :meth:`stop`; the other methods raise :class:`~redis_txmq.errors.TxMQConnectionError` when
+    Redis fails. On asyncio, a call that is cancelled (``task.cancel()``, a timeout) leaves the consumer usable; a
+    message read by a cancelled poll is re-delivered after ``min_idle_time``.
     """
 
     _logger = logger
-    _asyncio = True
-    _event_type = asyncio.Event
+    _asyncio = True  # async-only
+    # sync-only: _asyncio = False
+    _event_type = AsyncEvent
+    _started = False
+
+    def _created(self) -> None:
+        """The sync consumer starts in its constructor; the asyncio one does no I/O there."""
+        # sync-only: self._start_or_close()
 
     async def _drive(self, steps: Steps[T]) -> T:
         with Driver(steps) as driver:
@@ -53,9 +66,7 @@ class Consumer(ConsumerProtocol):
         if isinstance(effect, Command):
             return await effect.apply(self.client, self._scripts)
         if isinstance(effect, Pause):
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), effect.seconds)
-            return None
+            return await self._stop.wait(effect.seconds)
         message = effect.message
         with tracing.span_for(
             "process",
@@ -64,56 +75,73 @@ class Consumer(ConsumerProtocol):
             group=self.group,
             properties=message.properties,
         ):
-            result = effect.handler(message)
-            return (await result) if inspect.isawaitable(result) else result
+            return await async_maybe_await(effect.handler(message))
 
     async def start(self) -> Consumer:
-        """Read the topic's partitions, create the group on each where it is missing, load the scripts.
+        """Read the topic's partitions, create the group on each where it is missing, load the scripts; once.
 
         Raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis cannot be reached."""
+        if self._started:
+            return self
         try:
             await self._drive(self._ready_steps())
             await preload(*self._scripts.values())
         except SETUP_ERRORS as exc:
             raise self._setup_error(exc) from exc
+        self._started = True
         return self
 
+    async def _start_or_close(self) -> Consumer:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()
+            raise
+
     async def poll(self, timeout: float | None = None) -> list[ConsumedMessage]:
-        """Up to ``batch_size`` messages, abandoned ones first; new ones are awaited up to ``timeout`` (``block``
-        when None). Raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis fails."""
+        """Up to ``batch_size`` messages: abandoned ones first, then new ones (waiting up to ``timeout``, ``block``
+        when None).
+
+        Raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis cannot be reached (iteration and
+        :meth:`run` retry instead). A consumer group that Redis lost is created again from ``start_id``."""
         return await self._drive(self._poll_steps(timeout))
 
     async def ack(self, message: ConsumedMessage) -> None:
-        """Mark the message processed; when this raises, the message stays pending (re-delivered later)."""
+        """Mark the message processed; an unacked message is re-delivered after ``min_idle_time``.
+
+        Raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis fails: the message stays pending."""
         await self._drive(self._ack_steps(message))
 
     async def dead_letter(self, message: ConsumedMessage, reason: str) -> bool:
-        """Move the message to the group's dead-letter stream with ``reason``, and ack it; False if it was not
-        pending any more."""
+        """Give up on a message now: move it to the dead-letter stream with ``reason`` (and ack it); False if it
+        was not pending any more."""
         return await self._drive(self._dead_letter_steps(message, reason))
 
     async def dead_letters(self, count: int = 100) -> list[tuple[str, dict[str, bytes]]]:
-        """Up to ``count`` dead letters of each partition, oldest first, as ``(entry id, fields)``."""
+        """Up to ``count`` entries of each partition's dead-letter stream, oldest first, as ``(entry id, fields)``."""
         return await self._drive(self._dead_letters_steps(count))
 
     async def delete_group(self) -> None:
-        """Stop, and remove the group from every partition (stop its other consumers first)."""
+        """Remove this consumer group from every partition (its position and pending entries are gone), and stop
+        this consumer. Stop the group's other consumers first: one still reading creates the group again."""
         await self._drive(self._delete_group_steps())
 
     async def __aiter__(self) -> AsyncIterator[ConsumedMessage]:
-        """Messages until :meth:`stop` or :meth:`close`, riding out outages with backoff; the caller acks each."""
+        """Messages until :meth:`stop` or :meth:`close`; the caller acks each one.
+
+        A dropped connection, a restart or a failover does not end the loop: it is logged and the read is retried
+        with backoff (0.1 s doubling to 5 s)."""
         while (batch := await self._drive(self._batch_steps())) is not None:
-            for message in batch:
+            for message in batch:  # noqa: UP028 - `yield from` has no asyncio form
                 yield message
 
-    async def run(
-        self, handler: Callable[[ConsumedMessage], Awaitable[Any] | Any], *, max_messages: int | None = None
-    ) -> int:
-        """Give each message to ``handler`` and ack it when the handler returns; returns how many were handled.
+    async def run(self, handler: Callable[[ConsumedMessage], Any], *, max_messages: int | None = None) -> int:
+        """Call ``handler`` for each message and ack it when the handler returns; a handler that raises leaves
+        the message pending for re-delivery. Returns how many were handled, when stopped or at ``max_messages``.
+        Lost connections are retried with backoff, as in iteration; so is the ack.
 
-        ``handler`` may be an ``async def`` (awaited) or a plain function, which is called on the event loop:
-        keep it quick, or hand blocking work to a thread (``await asyncio.to_thread(...)`` in an async handler).
-        A handler that raises leaves the message pending for re-delivery; outages are ridden out as in iteration."""
+        On asyncio, ``handler`` may be an ``async def`` (awaited) or a plain function, which is called on the event
+        loop: keep it quick, or hand blocking work to a thread (``await asyncio.to_thread(...)``)."""
         return await self._drive(self._run_steps(handler, max_messages))
 
     async def close(self) -> None:
@@ -123,11 +151,7 @@ class Consumer(ConsumerProtocol):
             await self.client.aclose()
 
     async def __aenter__(self) -> Consumer:
-        try:
-            return await self.start()
-        except BaseException:
-            await self.close()
-            raise
+        return await self._start_or_close()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
