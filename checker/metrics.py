@@ -62,6 +62,8 @@ class CheckerMetrics:
             ["step"],
             registry=self.registry,
         )
+        for step in ("start", "heartbeat", "scan", "replies", "check requests", "write jobs", "observe"):
+            self.errors.labels(step)  # at 0 from the start, so that increase() and rate() see the first failure
         self.topic_errors = Counter(
             "txmq_checker_topic_errors",
             "Scans of a topic that failed and were skipped (damaged keys, its cluster master down)",
@@ -88,10 +90,10 @@ class CheckerMetrics:
             ["topic"],
             registry=self.registry,
         )
-        self.setting_seconds = Gauge(
-            "txmq_checker_setting_seconds",
-            "The checker's time settings (transaction_timeout, check_interval, max_age): the bounds of the alerts",
-            ["setting"],
+        self.in_flight_bound = Gauge(
+            "txmq_in_flight_age_bound_seconds",
+            "Age past which a transaction still in flight means its check-back is not working: transaction_timeout "
+            "+ (check_max + 1) x check_interval, at most max_age (the checker's settings)",
             registry=self.registry,
         )
         self.oldest_in_flight = Gauge(
@@ -142,10 +144,13 @@ class CheckerMetrics:
 
     def watch(self, settings: Settings) -> None:
         """The settings of the checker these metrics belong to: the heartbeat's freshness limit of ``/readyz`` (three
-        intervals, what ``txmq status`` counts as live) and the time settings the alerts compare with."""
+        intervals, what ``txmq status`` counts as live) and the in-flight age bound the alerts compare with. A
+        transaction is checked from ``transaction_timeout`` on, every ``check_interval``; one that is still in
+        flight a check after ``check_max`` checks was never answered by a producer (a check nobody read is not
+        counted), and ``max_age`` gives every transaction up."""
         self.health.heartbeat_window = 3 * settings.heartbeat_interval
-        for name in ("transaction_timeout", "check_interval", "max_age"):
-            self.setting_seconds.labels(name).set(float(getattr(settings, name)))
+        budget = settings.transaction_timeout + (settings.check_max + 1) * settings.check_interval
+        self.in_flight_bound.set(min(budget, settings.max_age))
 
     def started(self) -> None:
         self.health.started()

@@ -58,6 +58,8 @@ class Observer:
         seen_groups: set[tuple[str, str]] = set()
         for topic, partitions in by_topic(topics).items():
             seen_topics.add(topic)
+            for counter in (m.dead_letters, m.commits, m.rollbacks, m.topic_errors):
+                counter.labels(topic)  # at 0 from now on: increase() sees the first one (a new series it does not)
             try:
                 figures = [stream_figures(client, keys, now_ms) for keys in partitions]
                 lags = consumer_lag(client, partitions)

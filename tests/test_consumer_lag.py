@@ -154,7 +154,8 @@ def test_the_checker_exports_the_lag_and_drops_a_deleted_group(real_client):
     port = real_client.connection_pool.connection_kwargs["port"]
     (master,) = [labels for name, labels in exposed if name == "txmq_redis_master_up"]
     assert dict(master)["address"].endswith(f":{port}") and exposed[("txmq_redis_master_up", master)] == 1
-    assert exposed[("txmq_checker_setting_seconds", (("setting", "max_age"),))] == SETTINGS.max_age
+    bound = SETTINGS.transaction_timeout + (SETTINGS.check_max + 1) * SETTINGS.check_interval
+    assert exposed[("txmq_in_flight_age_bound_seconds", ())] == bound
 
     real_client.xgroup_destroy("watched", "billing")
     assert metrics.observer.observe(real_client, registered_topics(real_client), force=True)
