@@ -80,6 +80,15 @@ _FAILED = object()
 _RECORD_UNREAD = TxMQConnectionError("the record of its transaction cannot be read")
 """Why a claimed message of a transaction of several was not asked about: its record's master is down."""
 
+
+class _NotSentAfterUnread(Exception):
+    """A check request that could not be sent after the request it replaces was deleted, unread: both checks are
+    given back (the claim's, and the one counted for the request no producer read)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+
+
 SCAN_BATCHES = 10
 """Claim calls per topic in one scan (each up to ``batch_size`` transactions)."""
 
@@ -459,7 +468,7 @@ class Checker:
         sent = [note for _, note in outcomes if isinstance(note, SentCheck)]
         failed = [(check, exc) for check, exc in outcomes if isinstance(exc, Exception)]
         self._not_sent(keys, [(check, exc) for check, exc in failed if exc is not _RECORD_UNREAD])
-        notes = [*sent, *(self._never_sent(check) for check, _ in failed)]
+        notes = [*sent, *(note for check, exc in failed for note in self._never_sent(check, exc))]
         stale = set(self.broker.note_check_requests(keys, notes).stale)
         if stale:
             groups = {check.transaction_id: check.producer_group for check in due}
@@ -504,7 +513,7 @@ class Checker:
                 pipe.xadd(GroupKeys(check.producer_group).check_requests, request)
             replies = pipe.execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
-            return [(check, exc) for check in batch]
+            return [(check, _NotSentAfterUnread(exc) if check.transaction_id in unread else exc) for check in batch]
         outcomes: list[tuple[DueCheck, SentCheck | Exception]] = []
         for check, request_id in zip(batch, replies, strict=True):
             if isinstance(request_id, Exception):
@@ -571,10 +580,15 @@ class Checker:
             )
 
     @staticmethod
-    def _never_sent(check: DueCheck) -> SentCheck:
-        """The note of a claimed check whose request was never sent: no request id, and the check count its claim
-        left in place of a replaced request (``lua/note_requests.lua`` gives that check back)."""
-        return SentCheck(check.transaction_id, "", str(check.check_times))
+    def _never_sent(check: DueCheck, why: Exception | None = None) -> list[SentCheck]:
+        """The notes of a claimed check whose request was never sent: no request id, and the check count its claim
+        left in place of a replaced request (``lua/note_requests.lua`` gives that check back). When the request it
+        replaces was deleted unread before the send failed, a second note gives that one's check back too (the
+        script gives back while the count is the one the note names: the two in order, each once)."""
+        notes = [SentCheck(check.transaction_id, "", str(check.check_times))]
+        if isinstance(why, _NotSentAfterUnread) and check.check_times > 1:
+            notes.append(SentCheck(check.transaction_id, "", str(check.check_times - 1)))
+        return notes
 
     def _sweep(self, topics: list[TopicKeys]) -> int:
         """Look at a slice of every half stream for entries no transaction owns (written by another tool)."""

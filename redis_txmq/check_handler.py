@@ -185,11 +185,15 @@ def hand_back(client: Any, keys: GroupKeys, instance_id: str, request_ids: list[
 
 
 def queue_finish(pipe: Any, requests_stream: str, request_id: str, reply: dict[str, Any] | None) -> None:
-    """Queue on a (sync or asyncio) pipeline the answer (when there is one), then the request's ack and delete."""
+    """Queue on a (sync or asyncio) pipeline the answer (when there is one), then the request's delete and ack.
+
+    Delete before ack: off a MULTI (a cluster), the checker may retire the request between the two, and it takes a
+    request that it finds deleted but still pending as read (the ack the other way round would leave one neither
+    pending nor deleted: never read, its check given back, so ``check_max`` would never be reached)."""
     if reply is not None:
         pipe.xadd(REPLY_STREAM, reply)
-    pipe.xack(requests_stream, PRODUCERS_CONSUMER_GROUP, request_id)
     pipe.xdel(requests_stream, request_id)
+    pipe.xack(requests_stream, PRODUCERS_CONSUMER_GROUP, request_id)
 
 
 class CheckRequestHandler:

@@ -5,6 +5,7 @@ failed (counted in its metrics)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
@@ -93,3 +94,70 @@ def test_a_failing_step_is_counted_and_retried_and_the_checker_lives_on(real_cli
             producer.send_message_in_transaction(Message(TOPIC, b"paid"), UNKNOWN)
             wait_until(lambda: real_client.xlen(TOPIC) == 1, 30)
             assert thread.is_alive()
+
+
+def test_a_request_deleted_unread_then_a_send_that_failed_spends_no_check(real_client, monkeypatch):
+    """A checker retires the request it replaces (deleted: nobody read it) and then fails to send the new one (a
+    dropped connection, a failover): neither check reached a producer, so neither counts. Before, the unread one
+    stayed counted, one check of ``check_max`` spent per such failure, and a transaction no producer ever saw a
+    request for was dead-lettered."""
+    import redis
+
+    from redis_txmq.broker import RedisBroker
+
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=3)
+    broker = RedisBroker(real_client, settings)
+    broker.load_scripts()
+    broker.prepare_half(KEYS, Message(TOPIC, b"x"), "tx1", GROUP)
+    real_client.xgroup_create(GroupKeys(GROUP).check_requests, "producers", "0", mkstream=True)  # nobody reads
+    failing = {"sends": 0}
+    execute = redis.client.Pipeline.execute
+
+    def send_fails(pipe, *args, **kwargs):
+        if failing["sends"] and any(command[0][0] == "XADD" for command in pipe.command_stack):
+            failing["sends"] -= 1
+            pipe.reset()
+            raise redis.ConnectionError("connection lost before the XADDs reached the server")
+        return execute(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", send_fails)
+    checker = Checker(real_client, settings)
+
+    requests = GroupKeys(GROUP).check_requests
+
+    def rounds_until(condition: Any) -> None:
+        wait_until(lambda: (checker.run_round(), condition())[1], 10)
+
+    rounds_until(lambda: real_client.xlen(requests) == 1)  # the first request: nobody reads it
+    for _ in range(5):
+        failing["sends"] = 1
+        rounds_until(lambda: failing["sends"] == 0)  # retires the unread request, then its send fails
+        assert real_client.xlen(requests) == 0
+        assert int(real_client.hget(KEYS.checks, "tx1") or 0) <= 1
+        rounds_until(lambda: real_client.xlen(requests) == 1)  # sent again
+    assert real_client.xlen(KEYS.dead_stream) == 0, "dead-lettered for checks no producer read"
+    assert real_client.hexists(KEYS.inflight, "tx1")
+
+
+def test_a_producer_deletes_an_answered_request_before_it_acks_it(real_client):
+    """Off a MULTI (a cluster) the producer's delete and ack are two commands, and the checker may retire the
+    request between them: deleted first, it is still pending then, and the checker counts it as read. Acked first,
+    it would be neither pending nor deleted, read as never read, its check given back: a producer that keeps
+    answering UNKNOWN would never reach ``check_max``."""
+    from redis_txmq.check_handler import queue_finish
+
+    calls: list[str] = []
+
+    class Recording:
+        def __getattr__(self, name: str):
+            return lambda *args, **kwargs: calls.append(name)
+
+    queue_finish(Recording(), "requests", "1-1", None)
+    assert calls == ["xdel", "xack"]
+    stream = GroupKeys(GROUP).check_requests
+    real_client.xgroup_create(stream, "producers", "0", mkstream=True)
+    request_id = real_client.xadd(stream, {"transaction_id": "tx1"})
+    real_client.xreadgroup("producers", "p1", {stream: ">"})
+    real_client.xdel(stream, request_id)  # the producer's first command
+    acked, deleted = real_client.xack(stream, "producers", request_id), real_client.xdel(stream, request_id)  # checker
+    assert (acked, deleted) == (1, 0), "the checker's retire must see it read (acked, not deleted by it)"

@@ -351,7 +351,7 @@ def test_a_check_never_sent_gives_its_count_back_once(cluster_url: str) -> None:
         broker.load_scripts()
         (claimed,) = broker.claim_checks(keys, 10).to_check
         assert claimed.check_times == 1
-        note = Checker._never_sent(claimed)
+        (note,) = Checker._never_sent(claimed)
         assert broker.note_check_requests(keys, [note]).given_back == 1
         assert broker.note_check_requests(keys, [note]).given_back == 0, "repeated: nothing given back twice"
         assert client.hget(keys.checks, tx.transaction_id) == b"0"
