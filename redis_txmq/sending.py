@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from . import tracing
-from .errors import ConfigurationError, InvalidMessageError, PrepareError, TxMQError
+from .errors import ConfigurationError, InvalidMessageError, PrepareError, ProducerStateError, TxMQError
 from .keys import TopicKeys
 from .listener import TransactionListener
 from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult, time_of_entry_id
@@ -400,3 +400,44 @@ def listener_of(producer_group: str, listener: object, checker: object, base: ty
             f"producer used only through transaction handles), got {listener!r}"
         )
     return listener
+
+
+def account_batch(name: str, batch: list[EndCall], results: list[EndResult | TxMQError] | Exception) -> tuple[int, int]:
+    """Log what a batch of a one-way producer's queued ends did; returns (applied, failed). A failed end stays in
+    flight and the check-back resolves it."""
+    if isinstance(results, Exception):
+        logger.warning(
+            "producer group %s: %d queued ends failed (%s); the check-back will resolve them (first: tx=%s)",
+            name,
+            len(batch),
+            results,
+            ", ".join(end.transaction_id for end in batch[:5]),
+        )
+        return 0, len(batch)
+    failed = 0
+    for end, result in zip(batch, results, strict=True):
+        if isinstance(result, TxMQError):
+            failed += 1
+            logger.warning(
+                "tx=%s topic=%s one-way end %s failed: %s",
+                end.transaction_id,
+                end.keys.topic,
+                end.outcome.value,
+                result,
+            )
+    return len(batch) - failed, failed
+
+
+def closing_error(end: EndCall) -> ProducerStateError:
+    return ProducerStateError(
+        f"producer group {end.producer_group!r}, transaction {end.transaction_id}: the producer is shutting down; "
+        "the check-back will resolve this transaction"
+    )
+
+
+def forked_error(end: EndCall) -> ProducerStateError:
+    return ProducerStateError(
+        f"producer group {end.producer_group!r}, transaction {end.transaction_id}: this one-way producer was created "
+        "in another process (before a fork); create the producer in the child. The check-back will resolve this "
+        "transaction"
+    )

@@ -12,6 +12,9 @@ import asyncio
 import contextlib
 import inspect
 import threading
+import time
+from collections.abc import Callable, Coroutine
+from types import TracebackType
 from typing import Any
 
 Event = threading.Event
@@ -44,3 +47,79 @@ async def async_maybe_await(value: Any) -> Any:
 def maybe_await(value: Any) -> Any:
     """A sync shell calls plain functions only: the value itself."""
     return value
+
+
+Condition = threading.Condition
+"""``with cond``; ``wait(timeout)`` and ``wait_for(predicate, timeout)`` return whether they were woken or the
+predicate holds; ``notify_all``."""
+
+
+class AsyncCondition:
+    """:class:`threading.Condition`'s surface on asyncio: ``async with cond``, ``await cond.wait(timeout)``,
+    ``await cond.wait_for(predicate, timeout)`` (both return False when the timeout passed), ``notify_all()``."""
+
+    def __init__(self) -> None:
+        self._condition = asyncio.Condition()
+
+    async def __aenter__(self) -> AsyncCondition:
+        await self._condition.acquire()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._condition.release()
+
+    def notify_all(self) -> None:
+        self._condition.notify_all()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        try:
+            await asyncio.wait_for(self._condition.wait(), timeout)  # the lock is held again on a timeout too
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not predicate():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            await self.wait(remaining)
+        return True
+
+
+class Worker:
+    """A function run in a daemon thread of its own: ``start()``, then ``join(timeout)`` says whether it ended."""
+
+    def __init__(self, target: Callable[[], Any], name: str) -> None:
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+class AsyncWorker:
+    """A coroutine function run as a task of its own: ``start()``, then ``await join(timeout)`` says whether it
+    ended (a timeout leaves it running)."""
+
+    def __init__(self, target: Callable[[], Coroutine[Any, Any, Any]], name: str) -> None:
+        self._target = target
+        self._name = name
+        self._task: asyncio.Task[Any] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._target(), name=self._name)
+
+    async def join(self, timeout: float | None = None) -> bool:
+        if self._task is None:
+            return True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        return self._task.done()

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SHELLS = {
     "redis_txmq/asyncio/consumer.py": "redis_txmq/consumer.py",
+    "redis_txmq/asyncio/oneway.py": "redis_txmq/oneway.py",
 }
 """asyncio source -> generated sync module."""
 

@@ -1,19 +1,29 @@
-"""One-way end on asyncio: the twin of :class:`redis_txmq.oneway.EndFlusher`, a task instead of a thread."""
+"""One-way end: RocketMQ's ``endTransactionOneway`` with the batching of its 5.x op writes.
+
+A one-way producer returns from a send right after the local transaction and leaves the end call to an end flusher,
+which sends queued ends in pipelines (each end is still one atomic script call) from one worker: a task of the
+asyncio producer, a thread of the sync one. An end that never reaches Redis (the process died with it queued, or
+Redis was unreachable) changes nothing in the guarantees: the half message stays in flight and the check-back
+resolves it. The asyncio flusher's module is the source; the sync one's is generated from it by
+``scripts/unasync.py``.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import collections
+import os
+import time
 
 from ..config import Settings
-from ..oneway import account_batch, closing_error
 from ..protocol import EndCall
+from ..sending import account_batch, closing_error, forked_error
+from ..synchronization import AsyncCondition, AsyncWorker
 from .broker import AsyncRedisBroker
 
 
 class AsyncEndFlusher:
-    """Queues end calls and applies them in pipelines of at most ``end_batch_size`` from one task, waiting at most
-    ``end_batch_delay`` to fill one; a submit waits while ``end_queue_size`` ends are pending."""
+    """Queues end calls and applies them in pipelines of at most ``end_batch_size`` from one worker, waiting at most
+    ``end_batch_delay`` to fill one; a submit waits while ``end_queue_size`` ends are pending. Thread-safe (sync)."""
 
     def __init__(self, broker: AsyncRedisBroker, settings: Settings, name: str) -> None:
         self.broker = broker
@@ -22,23 +32,31 @@ class AsyncEndFlusher:
         self.queue_size = settings.end_queue_size
         self.name = name
         self.applied = 0
+        """Ends the flusher sent and Redis accepted (including repeats of an end already applied)."""
         self.failed = 0
+        """Ends that failed (logged with their transaction id); the check-back resolves those transactions."""
         self._queue: collections.deque[EndCall] = collections.deque()
+        # ends are sent in the order they were queued, by one worker: counters are enough to know what is done
         self._submitted = 0
         self._completed = 0
         self._flushes_waiting = 0
         self._closing = False
-        self._cond = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
+        self._cond = AsyncCondition()
+        self._pid = os.getpid()
+        self._worker = AsyncWorker(self._run, name=f"txmq-end-flusher-{name}")
 
     @property
     def pending(self) -> int:
+        """Ends queued or being sent."""
         return self._submitted - self._completed
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"txmq-end-flusher-{self.name}")
+        self._worker.start()
 
     async def submit(self, end: EndCall) -> None:
+        """Queue an end; waits while ``end_queue_size`` ends are pending."""
+        if os.getpid() != self._pid:  # a forked child has the queue but not the worker: its ends would wait forever
+            raise forked_error(end)
         async with self._cond:
             await self._cond.wait_for(lambda: self.pending < self.queue_size or self._closing)
             if self._closing:
@@ -49,41 +67,35 @@ class AsyncEndFlusher:
                 self._cond.notify_all()
 
     async def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every end queued before this call has been sent; False if ``timeout`` passed first."""
+        """Wait until every end queued before this call has been sent (ends queued meanwhile are not waited for);
+        False if ``timeout`` passed first."""
+        if os.getpid() != self._pid:
+            return self._submitted == self._completed  # nothing the child queued; what the parent queued is its own
         async with self._cond:
             target = self._submitted
             self._flushes_waiting += 1
             self._cond.notify_all()
             try:
-                await asyncio.wait_for(self._cond.wait_for(lambda: self._completed >= target), timeout)
-                return True
-            except asyncio.TimeoutError:
-                return False
+                return await self._cond.wait_for(lambda: self._completed >= target, timeout)
             finally:
                 self._flushes_waiting -= 1
 
-    async def close(self) -> None:
-        """Send what is queued, then stop the task."""
+    async def close(self, timeout: float | None = None) -> bool:
+        """Send what is queued, then stop the worker; False if ``timeout`` passed with ends still queued."""
         async with self._cond:
             self._closing = True
             self._cond.notify_all()
-        if self._task is not None:
-            await self._task
+        return await self._worker.join(timeout)
 
     async def _next_batch(self) -> list[EndCall] | None:
-        loop = asyncio.get_running_loop()
         async with self._cond:
             await self._cond.wait_for(lambda: bool(self._queue) or self._closing)
             if not self._queue:
                 return None
-            deadline = loop.time() + self.batch_delay
+            deadline = time.monotonic() + self.batch_delay
             while len(self._queue) < self.batch_size and not self._closing and not self._flushes_waiting:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    await asyncio.wait_for(self._cond.wait(), remaining)
-                except asyncio.TimeoutError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not await self._cond.wait(remaining):
                     break
             count = min(self.batch_size, len(self._queue))
             return [self._queue.popleft() for _ in range(count)]
@@ -93,7 +105,7 @@ class AsyncEndFlusher:
             try:
                 try:
                     results = await self.broker.end_transactions(batch)
-                except Exception as exc:  # noqa: BLE001 - the flusher must outlive any failure; the checker resolves
+                except Exception as exc:  # noqa: BLE001 - the worker must outlive any failure; the checker resolves
                     applied, failed = account_batch(self.name, batch, exc)
                 else:
                     applied, failed = account_batch(self.name, batch, results)
