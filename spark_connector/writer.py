@@ -38,7 +38,13 @@ from redis_txmq.connection import REDIS_ERRORS, hiredis_packer
 from redis_txmq.durability import Durability
 from redis_txmq.errors import ConfigurationError, JobNotCommittedError, TxMQConnectionError, TxMQError
 from redis_txmq.jobs.driver import LeaseKeeper, WriteJob
-from redis_txmq.jobs.stages import ROWS_PER_STAGE_ENTRY, STAGE_ENTRY_BYTES, STAGE_ROWS_FIELD
+from redis_txmq.jobs.stages import (
+    ROWS_PER_STAGE_ENTRY,
+    STAGE_ALREADY_WRITTEN,
+    STAGE_ENTRY_BYTES,
+    STAGE_ROWS_FIELD,
+    stage_entry_id,
+)
 from redis_txmq.keys import JobKeys, topic_meta_key
 from redis_txmq.message import DEFAULT_MAX_MESSAGE_SIZE, LocalTransactionState, validate_name
 from redis_txmq.topics import count_of, partition_keys_of
@@ -224,10 +230,9 @@ class _Lane:
         failure: Exception | None = None
         for _ in range(count):
             try:
-                if self._conn.read_response() is None:  # NOMKSTREAM: the stage is gone, the job was settled
-                    failure = failure or TxMQError(f"write job {self.job_id}: {SETTLED_WHILE_WRITING}")
+                failure = failure or _refused(self._conn.read_response(), self.job_id)
             except redis.ResponseError as exc:
-                failure = failure or exc
+                failure = failure or _refused(exc, self.job_id)
         if durability is not None:
             try:
                 confirmation: Any = self._conn.read_response()
@@ -288,8 +293,12 @@ class _Sender:
             return
         self.queued, self.rows = 0, 0
         if self._pipe is not None:
-            if any(reply is None for reply in self._pipe.execute()):
-                raise TxMQError(f"write job {self.job_id}: {SETTLED_WHILE_WRITING}")
+            # redis-py sends a command again when the connection dropped before its reply: its counted id makes the
+            # repeat of an XADD that did run a refusal, taken as written (:func:`_refused`)
+            for reply in self._pipe.execute(raise_on_error=False):
+                failure = _refused(reply, self.job_id)
+                if failure is not None:
+                    raise failure
             return
         queued, self._queued = self._queued, {}
         for name, count in queued.items():
@@ -299,6 +308,17 @@ class _Sender:
         lanes, self._lanes = self._lanes, {}
         for lane in lanes.values():
             lane.close()
+
+
+def _refused(reply: Any, job_id: str) -> Exception | None:
+    """What a stage write's reply says went wrong, or None: written, or written before (a repeat of an XADD whose
+    counted id the stage holds is refused by Redis, nothing is appended twice; ``lua/check_stage.lua`` checks at the
+    commit that no entry is missing)."""
+    if reply is None:  # NOMKSTREAM: the stage is gone, the job was settled
+        return TxMQError(f"write job {job_id}: {SETTLED_WHILE_WRITING}")
+    if isinstance(reply, Exception):
+        return None if STAGE_ALREADY_WRITTEN in str(reply) else reply
+    return None
 
 
 def _encoder() -> Any:
@@ -322,12 +342,15 @@ def _encoder() -> Any:
 
 class _StageEntries:
     """Rows gathered per stage and packed into stage entries (:data:`ROWS_PER_STAGE_ENTRY` rows, or fewer once
-    their bodies reach :data:`STAGE_ENTRY_BYTES`), queued on the sender."""
+    their bodies reach :data:`STAGE_ENTRY_BYTES`), queued on the sender, each with its counted id
+    (:func:`~redis_txmq.jobs.stages.stage_entry_id`: entry number, rows so far)."""
 
     def __init__(self, sender: _Sender) -> None:
         self.sender = sender
         self._rows: dict[str, list[list[Any]]] = {}
         self._bytes: dict[str, int] = {}
+        self._written: dict[str, tuple[int, int]] = {}
+        """Stage -> (entries, rows) queued so far."""
 
     def add(self, stage: str, row: list[Any], size: int) -> None:
         rows = self._rows.get(stage)
@@ -344,7 +367,11 @@ class _StageEntries:
         self._bytes.pop(stage, None)
         if rows:
             entry = msgpack.packb(rows, use_bin_type=False)  # Redis' cmsgpack reads str and raw, not bin
-            self.sender.add(["XADD", stage, "NOMKSTREAM", "*", STAGE_ROWS_FIELD, entry], len(rows))
+            entries, staged = self._written.get(stage, (0, 0))
+            entries, staged = entries + 1, staged + len(rows)
+            self._written[stage] = (entries, staged)
+            entry_id = stage_entry_id(entries, staged)
+            self.sender.add(["XADD", stage, "NOMKSTREAM", entry_id, STAGE_ROWS_FIELD, entry], len(rows))
 
     def pack_all(self) -> None:
         for stage in list(self._rows):

@@ -21,6 +21,7 @@ from redis_txmq.jobs import (
     WriteJob,
     settle_jobs,
 )
+from redis_txmq.jobs.stages import stage_entry_id
 from redis_txmq.keys import JOB_REGISTRY
 
 from .helpers import wait_until
@@ -35,14 +36,16 @@ def client(real_client):
 
 
 def stage_rows(client, job: WriteJob, stream: str, attempt: str, count: int) -> str:
-    """``count`` rows staged as the writer stages them: packed, :data:`ROWS_PER_STAGE_ENTRY` per entry."""
+    """``count`` rows staged as the writer stages them: packed, :data:`ROWS_PER_STAGE_ENTRY` per entry, each entry
+    with its counted id."""
     stage = job.stage(stream, attempt)
     assert stage is not None
     rows = [["transaction_id", f"{job.job_id}.{attempt}.{n}", "body", f"{attempt}-{n}"] for n in range(count)]
     pipe = client.pipeline(transaction=False)
-    for start in range(0, count, ROWS_PER_STAGE_ENTRY):
-        packed = msgpack.packb(rows[start : start + ROWS_PER_STAGE_ENTRY], use_bin_type=False)
-        pipe.xadd(stage, {STAGE_ROWS_FIELD: packed}, nomkstream=True)
+    for number, start in enumerate(range(0, count, ROWS_PER_STAGE_ENTRY), 1):
+        chunk = rows[start : start + ROWS_PER_STAGE_ENTRY]
+        packed = msgpack.packb(chunk, use_bin_type=False)
+        pipe.xadd(stage, {STAGE_ROWS_FIELD: packed}, id=stage_entry_id(number, start + len(chunk)), nomkstream=True)
     pipe.execute()
     return stage
 
@@ -229,19 +232,21 @@ def test_a_micro_batch_whose_lease_passed_cannot_commit_its_set_aside_stages(cli
     assert bodies(client, "orders") == ["run2-0", "run2-1"] and client.zcard(JOB_REGISTRY) == 0
 
 
-def test_a_committed_stage_that_is_missing_fails_the_commit_and_parks_the_job(client):
-    """publish_stage on a missing stage is an error, not an empty success; the other stages are published, the job
-    is parked (not retried by the checker) and txmq status shows why."""
+def test_a_committed_stage_lost_after_the_decision_parks_the_job_with_nothing_published(client):
+    """publish_stage on a missing stage is an error, not an empty success; every stage is checked before the first
+    row is published, so the job is parked (not retried by the checker) with none of its rows visible (not half of
+    them), and txmq status shows why."""
     settings = Settings(transaction_timeout=0)
     job = WriteJob.new(client, settings)
     kept = stage_rows(client, job, "orders", "p0", 3)
     lost = stage_rows(client, job, "orders", "p1", 3)
-    client.delete(lost)  # expired, or lost in a failover
+    decision = job.decide(COMMIT, {kept: 3, lost: 3})
+    client.delete(lost)  # lost in a failover
     with pytest.raises(UnpublishableJobError, match=f"stage {lost}: MISSING"):
-        job.commit({kept: 3, lost: 3})
-    assert bodies(client, "orders") == ["p0-0", "p0-1", "p0-2"]
+        job.settle(decision)
+    assert bodies(client, "orders") == [] and client.xlen(kept) == 1
     assert client.zscore(JOB_REGISTRY, job.keys.decision) == float("inf")
-    assert settle_jobs(client, settings) == 0 and len(bodies(client, "orders")) == 3
+    assert settle_jobs(client, settings) == 0 and bodies(client, "orders") == []
     seen = write_jobs(client, int(time.time() * 1000))
     assert seen["parked"] == 1 and lost in seen["parked_reasons"][0]["reason"]
 
@@ -259,13 +264,41 @@ def test_a_stage_published_in_full_stays_done_for_a_repeated_settle(client):
 
 
 def test_a_stage_that_published_fewer_rows_than_its_attempt_staged_fails_the_commit(client):
+    """A stage that cannot be counted before publishing (an earlier writer's: entries without counted ids) is
+    compared after: what there was is published once, and the job is parked."""
     job = WriteJob.new(client)
-    staged = stage_rows(client, job, "orders", "p0", 250)
+    job.register()
+    staged = job.stage("orders", "p0")
+    rows = [["transaction_id", f"x.{n}", "body", f"p0-{n}"] for n in range(250)]
+    for start in (0, 100, 200):
+        client.xadd(staged, {STAGE_ROWS_FIELD: msgpack.packb(rows[start : start + 100])}, nomkstream=True)
     first = client.xrange(staged, count=1)[0][0]
     client.xdel(staged, first)  # an entry of 100 rows lost
     with pytest.raises(UnpublishableJobError, match="150 rows published of the 250 its attempt staged"):
         job.commit({staged: 250})
     assert len(bodies(client, "orders")) == 150, "what there was is published, once"
+
+
+@pytest.mark.parametrize("damage", ["entry lost", "entry written twice", "fewer rows"])
+def test_a_committed_stage_holding_other_rows_than_staged_publishes_nothing(client, damage):
+    """The stage's rows are counted (from its counted ids) before the first row of the job is published: a stage
+    with an entry lost, one written twice (a retry that did not use its counted id) or other rows than its attempt
+    counted parks the job with nothing of it visible."""
+    settings = Settings(transaction_timeout=0)
+    job = WriteJob.new(client, settings)
+    fine = stage_rows(client, job, "orders", "p0", 50)
+    damaged = stage_rows(client, job, "orders", "p1", 250)
+    decision = job.decide(COMMIT, {fine: 50, damaged: 251 if damage == "fewer rows" else 250})
+    if damage == "entry lost":
+        client.xdel(damaged, client.xrange(damaged, count=1)[0][0])
+    elif damage == "entry written twice":
+        last_id, fields = client.xrange(damaged)[-1]
+        number = int(last_id.decode().split("-")[0])
+        client.xadd(damaged, fields, id=stage_entry_id(number + 1, 300))
+    with pytest.raises(UnpublishableJobError, match=f"stage {damaged}: MISMATCH"):
+        job.settle(decision)
+    assert bodies(client, "orders") == [], "nothing of the job is published"
+    assert client.zscore(JOB_REGISTRY, job.keys.decision) == float("inf")
 
 
 # Issue 23, defect 5: every row of a chunk is checked before the first is appended, and a job that cannot be

@@ -30,7 +30,7 @@ from .stages import open_stage, publish_stage, settle_by_job_decision
 logger = logging.getLogger(__name__)
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
-SCRIPTS = ("decide_job", "settle_job", "lease_job", "publish_stage", "open_stage", "note_stage")
+SCRIPTS = ("decide_job", "settle_job", "lease_job", "publish_stage", "open_stage", "note_stage", "check_stage")
 """The Lua scripts a write job runs."""
 
 
@@ -62,10 +62,19 @@ class WriteJob:
         self.settings = settings or Settings()
         self._scripts = {name: register_script(client, name) for name in SCRIPTS}
         self._runner = ScriptRunner(client, direct=False, durability=self.settings.durability_level())
+        self.plain_runner = ScriptRunner(client, direct=False)
+        """Runs the calls that are not confirmed at the durability level. On a cluster each call goes to the master
+        of its key, and a script that master does not hold yet is loaded there (redis-py's own fallback loads it on
+        every master, and fails when one of them is down)."""
 
     def close(self) -> None:
         """Release the connections the script calls made their own (on a cluster); the client stays open."""
         self._runner.close()
+        self.plain_runner.close()
+
+    def script(self, name: str) -> Any:
+        """The registered script ``lua/<name>.lua`` (one of :data:`SCRIPTS`)."""
+        return self._scripts[name]
 
     @classmethod
     def new(cls, client: Any, settings: Settings | None = None) -> WriteJob:
@@ -218,10 +227,8 @@ class WriteJob:
     def call(self, what: str, script: str, keys: list[str], args: list[Any], confirmed: bool = False) -> Any:
         """Run one of the job's scripts: ``confirmed`` at the durability level (a job decision, a publishing call),
         else as is (a lease, a stage opened: the writer's confirmation of its stage writes covers those)."""
-        runner, registered = self._runner, self._scripts[script]
-        if confirmed:
-            return self._do(what, lambda: runner.run(registered, keys, args))
-        return self._do(what, lambda: registered(keys=keys, args=args))
+        runner, registered = self._runner if confirmed else self.plain_runner, self._scripts[script]
+        return self._do(what, lambda: runner.run(registered, keys, args))
 
     def _do(self, what: str, action: Any) -> Any:
         """Every Redis call of a job goes through here: its errors name the job and what to do."""

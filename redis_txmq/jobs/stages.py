@@ -12,6 +12,7 @@ is deleted; a job whose committed rows cannot all be published is parked for an 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ..entries import text
@@ -35,6 +36,34 @@ PUBLISH_CHUNK = 10
 enough to keep the server responsive between calls."""
 
 COMMIT = LocalTransactionState.COMMIT
+STAGE_ALREADY_WRITTEN = "equal or smaller than the target stream top item"
+"""Redis' refusal of an XADD whose counted id the stage already holds: that entry was written (a repeat after a
+lost reply), nothing is appended twice."""
+
+
+def stage_entry_id(number: int, rows: int) -> str:
+    """The counted id of a stage's entry ``number`` (from 1), ``rows`` the rows staged up to it: ids increase, so a
+    repeated XADD is refused, and the last one says how many rows the stage holds (``lua/check_stage.lua``)."""
+    return f"{number}-{rows}"
+
+
+def check_stages(job: WriteJob, stages: Iterable[str], rows: Mapping[str, int]) -> list[str]:
+    """What is wrong with the stages before any of their rows is published (``lua/check_stage.lua``, one call per
+    stage in one pipeline, which also renews each stage's time to live): one line per stage that is missing or holds
+    other rows than its attempt staged; empty when all can be published."""
+    keep = job.settings.stage_lifetime_ms
+    calls = []
+    listed = list(stages)
+    script = job.script("check_stage")
+    for stage in listed:
+        staged = rows.get(stage)
+        calls.append((script, [stage, published_key(stage)], ["" if staged is None else staged, keep]))
+    replies = job._do("check its stages", lambda: job.plain_runner.run_many(calls, raise_on_error=True))
+    failures = []
+    for stage, reply in zip(listed, replies, strict=True):
+        if text(reply[0]) != "OK":
+            failures.append(f"stage {stage}: {text(reply[1])}: {text(reply[2])}")
+    return failures
 
 
 def open_stage(job: WriteJob, stream: str, attempt: str) -> str | None:
@@ -68,9 +97,14 @@ def open_stage(job: WriteJob, stream: str, attempt: str) -> str | None:
 def settle_by_job_decision(job: WriteJob, job_decision: JobDecision) -> int:
     """Publish the job decision's stages (a COMMIT), delete every other stage of the job, unlist it; returns the
     rows this call published. Raises :class:`UnpublishableJobError` (after parking the job) when a committed stage
-    is missing, cannot be published or published fewer rows than staged; the other stages are published first."""
+    is missing or holds other rows than staged (found before any row is published: nothing is), cannot be published
+    or published other than its staged rows (a stage that cannot be counted before: the others are published)."""
     published, failures = 0, []
     if job_decision.outcome is COMMIT and job_decision.status != "DISCARDED":
+        # every stage is checked before the first row is published: a stage missing or holding other rows than its
+        # attempt staged parks the job with nothing of it published (never half of it, never a row twice)
+        failures = check_stages(job, job_decision.stages, job_decision.rows)
+    if job_decision.outcome is COMMIT and job_decision.status != "DISCARDED" and not failures:
         for stage in job_decision.stages:
             try:
                 moved, total = publish_stage(job, stage)
