@@ -136,6 +136,34 @@ def server_info(node: Any, *sections: str) -> dict[str, Any]:
     return info
 
 
+async def async_server_nodes(client: Any) -> list[tuple[str, Any]]:
+    """:func:`server_nodes` of a ``redis.asyncio`` client: ``(address, node)`` for :func:`async_server_info`. A
+    cluster client learns its masters on its first command: it is initialized first, or none would be listed."""
+    if not is_async_cluster(client):
+        pool = client.connection_pool
+        if getattr(pool, "service_name", None) is not None:
+            host, port = await pool.get_master_address()
+            return [(f"{host}:{port} (master of {pool.service_name!r})", (client, {}))]
+        kwargs = pool.connection_kwargs
+        address = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        return [(address, (client, {}))]
+    await client.initialize()
+    return [(node.name, (client, {"target_nodes": node})) for node in client.get_primaries()]
+
+
+async def async_server_info(node: Any, *sections: str) -> dict[str, Any]:
+    """:func:`server_info` of a node of :func:`async_server_nodes`."""
+    client, options = node
+    info: dict[str, Any] = {}
+    try:
+        for section in sections:
+            info.update(await client.info(section, **options))
+    except redis.ResponseError as exc:
+        logger.info("INFO refused by the server: %s", exc)
+        return {}
+    return info
+
+
 def is_async_cluster(client: Any) -> bool:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 

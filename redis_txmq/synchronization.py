@@ -20,6 +20,10 @@ from typing import Any
 Event = threading.Event
 """``wait(timeout)`` returns whether it was set; ``set``, ``is_set``; thread-safe."""
 
+Lock = threading.Lock
+AsyncLock = asyncio.Lock
+"""``with lock`` / ``async with lock``."""
+
 
 class AsyncEvent:
     """:class:`threading.Event`'s surface on asyncio: ``await wait(timeout)`` returns whether it was set."""

@@ -29,10 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SHELLS = {
     "redis_txmq/asyncio/consumer.py": "redis_txmq/consumer.py",
     "redis_txmq/asyncio/oneway.py": "redis_txmq/oneway.py",
+    "redis_txmq/asyncio/broker.py": "redis_txmq/broker.py",
 }
 """asyncio source -> generated sync module."""
 
 PHRASES = [
+    ("from .lane import", "from .direct import"),
     ("redis.asyncio.cluster.RedisCluster", "redis.cluster.RedisCluster"),
     ("redis.asyncio.", "redis."),
     ("redis_txmq.asyncio.", "redis_txmq."),

@@ -145,7 +145,7 @@ def test_cancelled_during_the_end_call_the_end_still_lands_once(real_client, red
     async def scenario() -> None:
         async with TransactionProducer("order_group", AsyncOrders(), redis_url=redis_url) as producer:
             broker = producer.broker
-            real_run, under_way, go_on = broker._run, asyncio.Event(), asyncio.Event()
+            real_run, under_way, go_on = broker.runner.run, asyncio.Event(), asyncio.Event()
 
             async def held_end(script: Any, *args: Any) -> Any:
                 if script is broker._end:
@@ -153,7 +153,7 @@ def test_cancelled_during_the_end_call_the_end_still_lands_once(real_client, red
                     await go_on.wait()
                 return await real_run(script, *args)
 
-            broker._run = held_end
+            broker.runner.run = held_end
             handle = producer.transaction(Message("orders", b"ended while cancelled"))
 
             async def in_handle() -> None:

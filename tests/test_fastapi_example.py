@@ -153,7 +153,7 @@ def test_an_order_whose_end_call_was_lost_is_published_by_the_check_back(real_cl
     async def scenario() -> None:
         async with serving(redis_url, tmp_path) as (service, http):
             broker = service.producer.broker
-            real_run = broker._run
+            real_run = broker.runner.run
             lost: list[Any] = []
 
             async def lost_end(script: Any, *args: Any) -> Any:
@@ -162,7 +162,7 @@ def test_an_order_whose_end_call_was_lost_is_published_by_the_check_back(real_cl
                     raise redis.exceptions.ConnectionError("connection lost before the end call reached Redis")
                 return await real_run(script, *args)
 
-            broker._run = lost_end
+            broker.runner.run = lost_end
             response = await http.post("/orders", json={"id": 7, "customer": "fay", "amount": 42.0})
             assert response.status_code == 201 and response.json()["committed_id"] is None, "saved, not published"
             assert lost, "the end call was attempted once"

@@ -269,16 +269,16 @@ def test_ended_outcomes_expire_as_new_ends_arrive(client, listener, make_produce
 def test_failed_end_returns_result_and_leaves_transaction_in_flight(client, producer, caplog, api):
     if api == "async":
         broker = producer.asyncio_producer.broker
-        real_run = broker._run
+        real_run = broker.runner.run
 
         async def lost_connection_on_end(script, *args):
             if script is broker._end:
                 raise redis.ConnectionError("connection reset")
             return await real_run(script, *args)
 
-        broker._run = lost_connection_on_end
+        broker.runner.run = lost_connection_on_end
         result = producer.send_message_in_transaction(Message("orders", b"x"), COMMIT)
-        broker._run = real_run
+        broker.runner.run = real_run
     else:
         result = _send_with_end_lost(producer)
     assert result.local_transaction_state is COMMIT and result.committed_id is None

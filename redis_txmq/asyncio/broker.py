@@ -1,137 +1,135 @@
-"""The transaction scripts on a ``redis.asyncio`` client: the asyncio I/O shell of :mod:`redis_txmq.protocol`.
+"""The transaction log on Redis: every state change of a transaction is one call of one Lua script.
 
-The same scripts and the same arguments, replies and errors as :class:`redis_txmq.broker.RedisBroker`; calls go
-through redis-py's ``AsyncScript`` (EVALSHA with the NOSCRIPT fallback) and its pipelines.
+Producer, checker and operator commands all end transactions through :meth:`AsyncRedisBroker.end_transaction`
+(``lua/end_transaction.lua``), so there is one commit path to read and to trust. This is the I/O shell: what is sent
+and how replies are read lives in :mod:`redis_txmq.protocol`. The asyncio broker's module is the source; the sync
+one's (``redis_txmq/broker.py``, used by the checker and the operator commands too) is generated from it by
+``scripts/unasync.py``. The send path's calls go through a script runner of the wire (``direct`` for the sync
+broker, ``lane`` for the asyncio one), which writes a durability level's confirmation with them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any
 
-import redis
-from redis.exceptions import NoScriptError
-
 from .. import protocol
 from ..config import Settings
-from ..connection import REDIRECTIONS, REDIS_ERRORS, is_async_cluster
+from ..connection import REDIS_ERRORS, async_server_info, async_server_nodes
 from ..durability import check_servers, durability_unchecked
 from ..errors import DurabilityError, TxMQConnectionError, TxMQError
 from ..keys import TOPIC_REGISTRY, TopicKeys, decision_key
 from ..message import LocalTransactionState, Message
-from ..protocol import EndCall, EndResult, EndSource, PrepareResult, RecordAction, TransactionRecord
+from ..protocol import (
+    ClaimResult,
+    DeadAction,
+    DueCheck,
+    EndCall,
+    EndResult,
+    EndSource,
+    NotedRequests,
+    PrepareResult,
+    RecordAction,
+    SentCheck,
+    TransactionRecord,
+)
 from ..scripts import register_script, register_topic_script
-from .lane import ScriptLane
+from ..synchronization import AsyncLock
+from .lane import AsyncScriptRunner
 from .scripts import preload
+
+__all__ = [
+    "AsyncRedisBroker",
+    "ClaimResult",
+    "DeadAction",
+    "DueCheck",
+    "EndCall",
+    "EndResult",
+    "EndSource",
+    "PrepareResult",
+]
+"""The result types live in :mod:`redis_txmq.protocol`; they are importable from here too."""
 
 logger = logging.getLogger(__name__)
 
 
 class AsyncRedisBroker:
-    """Calls the send path's scripts (prepare, end) on a ``redis.asyncio.Redis`` or ``RedisCluster``."""
+    """Calls the transaction scripts on one client (``redis.asyncio.Redis`` or
+    ``redis.asyncio.cluster.RedisCluster``)."""
 
     def __init__(self, client: Any, settings: Settings | None = None) -> None:
         self.client = client
         self.settings = settings or Settings()
         self._prepare = register_topic_script(client, "prepare_half")
         self._end = register_topic_script(client, "end_transaction")
+        self._claim_checks = register_topic_script(client, "claim_checks")
+        self._sweep_half = register_topic_script(client, "sweep_half")
+        self._dead_resolve = register_topic_script(client, "dead_resolve")
+        self._bury_half = register_topic_script(client, "bury_half")
+        self._note_requests = register_topic_script(client, "note_requests")
         self._decide = register_script(client, "decide_transaction")
-        self._cluster = is_async_cluster(client)
-        self.durability = self.settings.durability_level()
         self._registered: set[str] = set()
-        self._lane = None if self._cluster else ScriptLane(client, durability=self.durability)
+        self._registry_lock = AsyncLock()
+        self.durability = self.settings.durability_level()
+        self.runner = AsyncScriptRunner(client, durability=self.durability)
 
-    async def _run(self, script: Any, keys: TopicKeys, args: list[Any]) -> Any:
-        """One script call: through the lane that pipelines concurrent calls, or directly on a cluster."""
-        return await self._run_keys(script, keys.script_keys(), args)
-
-    async def _run_keys(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        if self._lane is None:
-            if self.durability is not None:
-                return await self._run_on_master(script, keys, args)
-            return await script(keys=keys, args=args)
-        return await self._lane.call(script, keys, args)
-
-    async def _run_on_master(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        """On a cluster with a durability level: the script and its confirmation in one write on one connection of
-        the master that owns the slot. A redirection or an unreachable master sends the call through the cluster
-        client (which follows MOVED and refreshes its map); such a call cannot be confirmed (DurabilityError)."""
-        from redis.asyncio.cluster import PipelineCommand
-
-        durability = self.durability
-        assert durability is not None
-        try:
-            node = self.client.get_node_from_key(keys[0])
-            for _attempt in range(2):
-                calls = [
-                    PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args),
-                    PipelineCommand(1, *durability.command),
-                ]
-                await node.execute_pipeline(calls)
-                reply, confirmation = calls[0].result, calls[1].result
-                if not isinstance(reply, NoScriptError):
-                    break
-                await self.client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
-        except (*REDIS_ERRORS,) as exc:
-            if isinstance(exc, redis.ResponseError) and not isinstance(exc, REDIRECTIONS):
-                raise
-            reply, confirmation = await script(keys=keys, args=args), None
-        if isinstance(reply, REDIRECTIONS):
-            reply, confirmation = await script(keys=keys, args=args), None
-        if isinstance(reply, Exception):
-            raise reply
-        if not durability.confirmed(confirmation):
-            raise durability.error(confirmation, [reply])
-        return reply
+    async def close(self) -> None:
+        """Close the connections of the send path's runner (the client itself stays open)."""
+        await self.runner.close()
 
     async def load_scripts(self) -> None:
         """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
         try:
-            await preload(self._prepare, self._end, self._decide)
+            await preload(
+                self._prepare,
+                self._end,
+                self._claim_checks,
+                self._sweep_half,
+                self._dead_resolve,
+                self._bury_half,
+                self._note_requests,
+                self._decide,
+            )
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
         await self.check_durability()
 
     async def check_durability(self) -> None:
-        """Refuse a durability level the server cannot give, at start; warn when fewer replicas than asked are
-        connected now. A cluster master that cannot be reached is skipped with a warning; raises
-        :class:`TxMQConnectionError` only when no server answered (as :meth:`RedisBroker.check_durability`).
-        A cluster client learns its masters on its first command: it is initialized first, or none would be checked."""
+        """Refuse a durability level the server cannot give (``aof`` before Redis 7.2 or without an append-only
+        file), at start rather than on every send; warn when fewer replicas than asked are connected now. A cluster
+        master that cannot be reached is skipped with a warning (one master down must not stop a producer or a
+        checker from serving the others); raises :class:`TxMQConnectionError` only when no server answered."""
         if self.durability is None:
             return
-        if self._cluster:
-            try:
-                await self.client.initialize()
-            except REDIS_ERRORS as exc:
-                raise durability_unchecked(self.durability, exc) from exc
+        try:
+            nodes = await async_server_nodes(self.client)
+        except REDIS_ERRORS as exc:
+            raise durability_unchecked(self.durability, exc) from exc
         answers: list[tuple[str, dict[str, Any] | Exception]] = []
-        for node in self.client.get_primaries() if self._cluster else [None]:
-            address, options = ("the server", {}) if node is None else (node.name, {"target_nodes": node})
-            info: dict[str, Any] = {}
+        for address, node in nodes:
             try:
-                for section in ("server", "replication", "persistence"):
-                    info.update(await self.client.info(section, **options))
-            except redis.ResponseError:
-                info = {}  # a user without INFO: check_server says the level could not be checked
+                answers.append((address, await async_server_info(node, "server", "replication", "persistence")))
             except REDIS_ERRORS as exc:
                 answers.append((address, exc))
-                continue
-            answers.append((address, info))
         check_servers(self.durability, answers)
 
     def registered_streams(self) -> frozenset[str]:
+        """The topic streams this process registered: re-asserted with the heartbeat, so the registry heals
+        after Redis lost its data."""
         return frozenset(self._registered)
 
     async def register_topic(self, keys: TopicKeys, message: Message, transaction_id: str) -> None:
         """Add the topic stream to the registry the checker walks, once per process and stream, after checking
-        that its key is free or a stream (two sends racing to register it both write it: the set does not mind)."""
+        that its key is free or a stream (the prepare script does not check it)."""
         stream = keys.topic_stream
-        if stream not in self._registered:
-            protocol.refuse_topic_key(await self.client.type(stream), keys, message, transaction_id)
-            await self.client.sadd(TOPIC_REGISTRY, stream)
-            self._registered.add(stream)
+        if stream in self._registered:
+            return
+        async with self._registry_lock:
+            if stream not in self._registered:
+                protocol.refuse_topic_key(await self.client.type(stream), keys, message, transaction_id)
+                await self.client.sadd(TOPIC_REGISTRY, stream)
+                self._registered.add(stream)
 
     async def prepare_half(
         self,
@@ -145,7 +143,7 @@ class AsyncRedisBroker:
         args = protocol.prepare_args(message, transaction_id, producer_group, keys, parent_transaction_id)
         try:
             await self.register_topic(keys, message, transaction_id)
-            reply = await self._run(self._prepare, keys, args)
+            reply = await self.runner.run(self._prepare, keys.script_keys(), args)
         except DurabilityError as exc:
             protocol.prepare_result(exc.replies[0], message, transaction_id)  # a refusal says more than a shortfall
             raise protocol.prepare_not_durable(exc, message, transaction_id) from exc
@@ -167,7 +165,7 @@ class AsyncRedisBroker:
         """Apply COMMIT / ROLLBACK (or record the remark of UNKNOWN) in one atomic script call."""
         end = EndCall(keys, transaction_id, producer_group, outcome, source, remark, half_id)
         try:
-            reply = await self._run(self._end, keys, protocol.end_args(end, self.settings))
+            reply = await self.runner.run(self._end, keys.script_keys(), protocol.end_args(end, self.settings))
         except DurabilityError as exc:
             protocol.end_result(exc.replies[0], keys, transaction_id)  # a refusal says more than a shortfall
             raise protocol.end_not_durable(exc, keys, transaction_id, outcome) from exc
@@ -188,10 +186,14 @@ class AsyncRedisBroker:
         *,
         unconfirmed_ok: bool = False,
     ) -> TransactionRecord:
-        """Write to the record of a transaction of several messages (see the sync broker)."""
+        """Write to the record of a transaction of several messages (``lua/decide_transaction.lua``): its decision,
+        written once (COMMIT / ROLLBACK, with the indices of the sends that did not return), or the sends that did
+        not return (VOID), or its dead-lettered messages (PIN / UNPIN); returns the record as it stands.
+        ``unconfirmed_ok``: a durability shortfall returns the record as the master holds it (logged) instead of
+        raising, for a caller whose next steps are safe to take on it (ending the messages with a decision)."""
         args = protocol.decide_args(transaction_id, producer_group, action, source, self.settings, indices)
         try:
-            reply = await self._run_keys(self._decide, [decision_key(transaction_id)], args)
+            reply = await self.runner.run(self._decide, [decision_key(transaction_id)], args)
         except DurabilityError as exc:
             record = protocol.record_result(exc.replies[0], transaction_id)
             if not unconfirmed_ok:
@@ -202,50 +204,87 @@ class AsyncRedisBroker:
             raise protocol.decide_call_error(exc, transaction_id) from exc
         return protocol.record_result(reply, transaction_id)
 
+    async def decisions(self, transaction_ids: list[str]) -> dict[str, TransactionRecord]:
+        """The records of these transactions of several messages (an undecided one has ``outcome`` None)."""
+        if not transaction_ids:
+            return {}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for transaction_id in transaction_ids:
+                pipe.hmget(decision_key(transaction_id), "outcome", "voided", "producer_group")
+            replies = await pipe.execute()
+        return protocol.records_read(transaction_ids, replies)
+
     async def end_transactions(self, ends: list[EndCall]) -> list[EndResult | TxMQError]:
-        """Apply many ends in one pipeline (each script still atomic); on a cluster, whose pipelines refuse
-        EVALSHA, as concurrent calls. A connection failure of the whole batch raises :class:`TxMQConnectionError`."""
+        """Apply many ends at once (a one-way producer's flusher, a checker's batch of answers, the messages of a
+        transaction of several); each script stays atomic.
+
+        Returns, in order, the :class:`EndResult` or the :class:`TxMQError` of each end; a connection
+        failure of the whole batch is raised as :class:`TxMQConnectionError`."""
+        calls = [(self._end, end.keys.script_keys(), protocol.end_args(end, self.settings)) for end in ends]
         try:
-            if self._cluster:
-                calls = [self._run_unconfirmed_ok(e.keys, protocol.end_args(e, self.settings)) for e in ends]
-                replies = list(await asyncio.gather(*calls, return_exceptions=True))
-                for reply in replies:
-                    if isinstance(reply, BaseException) and not isinstance(reply, REDIS_ERRORS):
-                        raise reply
-            else:
-                async with self.client.pipeline(transaction=False) as pipe:  # gives the connection back on errors
-                    for end in ends:
-                        args = protocol.end_args(end, self.settings)
-                        await self._end(keys=end.keys.script_keys(), args=args, client=pipe)
-                    if self.durability is not None:
-                        pipe.execute_command(*self.durability.command)
-                    replies = await pipe.execute(raise_on_error=False)
-                if self.durability is not None:
-                    confirmation = replies.pop()
-                    if not self.durability.confirmed(confirmation):
-                        protocol.batch_not_durable(len(ends), self.durability.error(confirmation))
+            replies = await self.runner.run_many(calls)
+        except DurabilityError as exc:
+            protocol.batch_not_durable(len(ends), exc)
+            replies = exc.replies
         except REDIS_ERRORS as exc:
             raise protocol.batch_error(len(ends), exc) from exc
         results = protocol.end_results(ends, replies)
         await self.drop_check_requests(protocol.retired_requests(ends, results))
         return results
 
-    async def _run_unconfirmed_ok(self, keys: TopicKeys, args: list[Any]) -> Any:
-        """An end of a batch on a cluster: its reply, a shortfall of its confirmation only logged (as for a batch on
-        one server: the check-back repairs an end a failover loses)."""
-        try:
-            return await self._run(self._end, keys, args)
-        except DurabilityError as exc:
-            protocol.batch_not_durable(1, exc)
-            return exc.replies[0]
-
     async def drop_check_requests(self, requests: list[tuple[str, str]]) -> None:
-        """Delete check requests whose transaction ended (best effort, as the sync broker)."""
+        """Delete check requests ``(producer group, request id)`` whose transaction ended or was dead-lettered.
+
+        Best effort: a request left behind is answered by a producer and applied as a repeat, or found stale by
+        the checker's next claim of the same transaction (which deletes it)."""
         if not requests:
             return
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
+            async with self.client.pipeline(transaction=False) as pipe:  # gives the connection back on errors
                 protocol.queue_drop_check_requests(pipe, requests)
                 await pipe.execute(raise_on_error=False)
         except REDIS_ERRORS as exc:
             logger.warning("could not delete %d answered check requests: %s", len(requests), exc)
+
+    async def note_check_requests(self, keys: TopicKeys, sent: list[SentCheck]) -> NotedRequests:
+        """Remember the check requests just sent and give back the checks of the requests they replaced that no
+        producer instance read (``lua/note_requests.lua``); returns the ids of requests whose transaction ended
+        meanwhile (the caller deletes them) and how many checks were given back."""
+        reply = await self._call(self._note_requests, keys, protocol.note_requests_args(sent), "note check requests")
+        return protocol.note_requests_result(reply, keys)
+
+    async def resolve_dead(
+        self, keys: TopicKeys, transaction_id: str, action: DeadAction, remark: str = ""
+    ) -> EndResult:
+        """Commit, roll back or re-check a dead-lettered transaction (``lua/dead_resolve.lua``)."""
+        args = protocol.dead_resolve_args(transaction_id, action, remark, self.settings)
+        reply = await self._call(self._dead_resolve, keys, args, f"dead-letter {action.value}", transaction_id)
+        return protocol.end_result(reply, keys, transaction_id)
+
+    async def claim_checks(self, keys: TopicKeys, limit: int) -> ClaimResult:
+        """Claim up to ``limit`` transactions due for a check-back (``lua/claim_checks.lua``)."""
+        reply = await self._call(self._claim_checks, keys, protocol.claim_args(self.settings, limit), "claim checks")
+        return protocol.claim_result(reply, keys)
+
+    async def bury_half(
+        self, keys: TopicKeys, transaction_id: str, half_id: str, reason: str, producer_group: str
+    ) -> str:
+        """Dead-letter one in-flight transaction (``lua/bury_half.lua``) if it still is half message ``half_id``;
+        returns the dead letter's id ('' when it was not)."""
+        args = [transaction_id, half_id, reason]
+        reply = await self._call(self._bury_half, keys, args, "dead-letter", transaction_id)
+        dead_id, request_id = protocol.bury_result(reply, keys)
+        if request_id:
+            await self.drop_check_requests([(producer_group, request_id)])
+        return dead_id
+
+    async def sweep_half(self, keys: TopicKeys, cursor: str, count: int) -> tuple[str, list[tuple[str, str]]]:
+        """Dead-letter half entries that no transaction owns; returns the next cursor ('0-0' at the end)."""
+        reply = await self._call(self._sweep_half, keys, [cursor, count], "sweep half stream")
+        return protocol.sweep_result(reply)
+
+    async def _call(self, script: Any, keys: TopicKeys, args: list[Any], what: str, transaction_id: str = "") -> Any:
+        try:
+            return await script(keys=keys.script_keys(), args=args)
+        except REDIS_ERRORS as exc:
+            raise protocol.script_call_error(exc, keys, what, transaction_id) from exc

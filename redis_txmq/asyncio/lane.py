@@ -29,8 +29,9 @@ import redis.asyncio
 import redis.asyncio.sentinel
 from redis.exceptions import NoScriptError
 
-from ..connection import hiredis_packer
+from ..connection import REDIRECTIONS, REDIS_ERRORS, hiredis_packer, is_async_cluster
 from ..durability import Durability
+from ..errors import DurabilityError
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
 _DIRECT_POOLS = (
@@ -160,3 +161,80 @@ class ScriptLane:
                 replies.append(exc)
         confirmation = replies.pop() if self.durability is not None else None
         return replies, confirmation
+
+
+class AsyncScriptRunner:
+    """Calls redis-py ``AsyncScript`` objects one at a time (:meth:`run`) or many at once (:meth:`run_many`): the
+    asyncio twin of :class:`redis_txmq.direct.ScriptRunner`, with the same replies and errors. On a standalone
+    Redis every call goes through a :class:`ScriptLane`, so calls made together share pipelines; on a cluster a
+    call goes to the master that owns its slot (with its confirmation, under a durability level)."""
+
+    def __init__(self, client: Any, *, durability: Durability | None = None) -> None:
+        self.client = client
+        self.durability = durability
+        self._lane = None if is_async_cluster(client) else ScriptLane(client, durability=durability)
+
+    async def run(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """EVALSHA ``script``; returns the reply, raises ``redis.RedisError`` (or :class:`DurabilityError`)."""
+        if self._lane is not None:
+            return await self._lane.call(script, keys, args)
+        if self.durability is None:
+            return await script(keys=keys, args=args)
+        return await self._run_on_master(script, keys, args)
+
+    async def run_many(self, calls: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]]) -> list[Any]:
+        """Every call at once (a lane sends them in one pipeline; each script is atomic on its own). Returns one reply
+        per call, in order, a refused call's ``redis.ResponseError`` in its place (on a cluster, a call whose master
+        failed has its error in its place too: the others went on); a connection error of the lane is raised, and a
+        confirmation that fell short raises :class:`DurabilityError` carrying every reply."""
+        outcomes = await asyncio.gather(*(self.run(*call) for call in calls), return_exceptions=True)
+        replies: list[Any] = []
+        unconfirmed: DurabilityError | None = None
+        for outcome in outcomes:
+            if isinstance(outcome, DurabilityError):
+                unconfirmed = unconfirmed or outcome
+                replies.append(outcome.replies[0] if outcome.replies else None)
+            elif not isinstance(outcome, BaseException) or isinstance(outcome, redis.ResponseError):
+                replies.append(outcome)
+            elif self._lane is None and isinstance(outcome, REDIS_ERRORS):
+                replies.append(outcome)
+            else:
+                raise outcome
+        if unconfirmed is not None:
+            raise DurabilityError(str(unconfirmed), replies=replies)
+        return replies
+
+    async def close(self) -> None:
+        """Nothing to release: the lane checks connections out of the client's pool."""
+
+    async def _run_on_master(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """On a cluster with a durability level: the script and its confirmation in one write on one connection of
+        the master that owns the slot. A redirection or an unreachable master sends the call through the cluster
+        client (which follows MOVED and refreshes its map); such a call cannot be confirmed (DurabilityError)."""
+        from redis.asyncio.cluster import PipelineCommand
+
+        durability = self.durability
+        assert durability is not None
+        try:
+            node = self.client.get_node_from_key(keys[0])
+            for _attempt in range(2):
+                calls = [
+                    PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args),
+                    PipelineCommand(1, *durability.command),
+                ]
+                await node.execute_pipeline(calls)
+                reply, confirmation = calls[0].result, calls[1].result
+                if not isinstance(reply, NoScriptError):
+                    break
+                await self.client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
+        except REDIS_ERRORS as exc:
+            if isinstance(exc, redis.ResponseError) and not isinstance(exc, REDIRECTIONS):
+                raise
+            reply, confirmation = await script(keys=keys, args=args), None
+        if isinstance(reply, REDIRECTIONS):
+            reply, confirmation = await script(keys=keys, args=args), None
+        if isinstance(reply, Exception):
+            raise reply
+        if not durability.confirmed(confirmation):
+            raise durability.error(confirmation, [reply])
+        return reply
