@@ -94,7 +94,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
 
 from .async_api import api, make_producer  # noqa: E402,F401 - one test, the sync and the asyncio producer
 from .cluster_fixture import cluster_url  # noqa: E402,F401 - the session-wide 3-master cluster
-from .databases import database  # noqa: E402,F401 - SQLite and PostgreSQL, a sync and an asyncio engine
+from .databases import database  # noqa: E402,F401 - SQLite, PostgreSQL and MariaDB, a sync and an asyncio engine
+from .mariadb_fixture import async_mariadb_url, mariadb_engine, mariadb_port  # noqa: E402,F401 - own MariaDB
 from .postgres_fixture import async_postgres_url, postgres_engine, postgres_url  # noqa: E402,F401 - own PostgreSQL
 from .sentinel_fixture import sentinel_group  # noqa: E402,F401 - a master, a replica and three Sentinels
 from .spark_session import spark  # noqa: E402,F401 - the session-wide SparkSession fixture
