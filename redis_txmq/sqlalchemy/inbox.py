@@ -14,12 +14,23 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Column, DateTime, MetaData, String, delete, insert
+from sqlalchemy import Column, MetaData, String, insert
 from sqlalchemy.exc import IntegrityError
 
 from ..entries import ConsumedMessage
 from ..errors import ConfigurationError
-from .statements import dialect_of, insert_if_absent, table_in, utc_now, was_written
+from .statements import (
+    PURGE_BATCH_SIZE,
+    Key,
+    Purge,
+    check_lengths,
+    dialect_of,
+    insert_if_absent,
+    table_in,
+    timestamp,
+    utc_now,
+    was_written,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -28,16 +39,19 @@ class Inbox:
     """A table of the messages each consumer group has applied, in the consumer's own database.
 
     Columns: ``consumer_group`` and ``message_id`` (the primary key; the message's transaction id), ``topic``,
-    ``processed_at``."""
+    ``processed_at``. The key is compared exactly on every database (``billing`` and ``Billing`` are two groups):
+    on MySQL / MariaDB its columns are ``VARBINARY``, not ``VARCHAR`` in the server's case-insensitive collation; a
+    table made by your migrations there needs binary key columns too. A group or id longer than its column is
+    refused, never truncated."""
 
     def __init__(self, metadata: MetaData, *, table_name: str = "txmq_inbox") -> None:
         self.table = table_in(
             metadata,
             table_name,
-            Column("consumer_group", String(127), primary_key=True),
-            Column("message_id", String(255), primary_key=True),
+            Column("consumer_group", Key(127), primary_key=True),
+            Column("message_id", Key(255), primary_key=True),
             Column("topic", String(255), nullable=False),
-            Column("processed_at", DateTime(timezone=True), nullable=False, default=utc_now, index=True),
+            Column("processed_at", timestamp(), nullable=False, default=utc_now, index=True),
         )
 
     def claim(self, session: Any, consumer_group: str, message: ConsumedMessage) -> bool:
@@ -105,33 +119,50 @@ class Inbox:
 
         return process
 
-    def purge(self, engine: Any, older_than: timedelta) -> int:
+    def purge(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """Delete rows older than ``older_than``; returns how many. A message redelivered after its row is gone is
         applied again: keep the window above the longest a message can stay pending (``claim_idle`` and your
-        consumers' downtime), days rather than minutes."""
-        with engine.begin() as connection:
-            return int(connection.execute(self._older_than(older_than)).rowcount)
+        consumers' downtime), days rather than minutes. Rows go in batches of at most ``batch_size``, each in a
+        transaction of its own, so a concurrent claim waits for one batch at most."""
+        purge = Purge(self.table, self.table.c.processed_at, older_than, batch_size)
+        deleted = 0
+        while True:
+            with engine.connect() as connection:
+                keys = list(connection.execute(purge.batch).all())
+            removed = 0
+            if keys:
+                with engine.begin() as connection:
+                    removed = int(connection.execute(purge.delete(keys)).rowcount)
+            deleted += removed
+            if purge.done(len(keys), removed):
+                return deleted
 
-    async def purge_async(self, engine: Any, older_than: timedelta) -> int:
+    async def purge_async(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """:meth:`purge` on an ``AsyncEngine``."""
-        async with engine.begin() as connection:
-            return int((await connection.execute(self._older_than(older_than))).rowcount)
+        purge = Purge(self.table, self.table.c.processed_at, older_than, batch_size)
+        deleted = 0
+        while True:
+            async with engine.connect() as connection:
+                keys = list((await connection.execute(purge.batch)).all())
+            removed = 0
+            if keys:
+                async with engine.begin() as connection:
+                    removed = int((await connection.execute(purge.delete(keys))).rowcount)
+            deleted += removed
+            if purge.done(len(keys), removed):
+                return deleted
 
-    def _older_than(self, older_than: timedelta) -> Any:
-        if older_than < timedelta(0):
-            raise ConfigurationError(f"purge: older_than must not be negative, got {older_than}")
-        return delete(self.table).where(self.table.c.processed_at < utc_now() - older_than)
-
-    @staticmethod
-    def _values(consumer_group: str, message: ConsumedMessage) -> dict[str, Any]:
+    def _values(self, consumer_group: str, message: ConsumedMessage) -> dict[str, Any]:
         if not consumer_group:
             raise ConfigurationError("inbox: consumer_group is required (the group whose effects are recorded)")
-        return {
+        values = {
             "consumer_group": consumer_group,
             "message_id": message.transaction_id or f"{message.stream}/{message.id}",
             "topic": message.topic,
             "processed_at": utc_now(),
         }
+        check_lengths(self.table, values, f"inbox, topic {message.topic!r}, tx={message.transaction_id}")
+        return values
 
     @staticmethod
     def _claimed(claimed: bool, consumer_group: str, message: ConsumedMessage) -> bool:

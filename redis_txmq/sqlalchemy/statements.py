@@ -3,24 +3,70 @@
 
 A row that must be written at most once ("insert if absent") is one statement where the dialect has one
 (PostgreSQL and SQLite ``ON CONFLICT DO NOTHING``, MySQL / MariaDB ``INSERT IGNORE``); elsewhere a plain INSERT
-inside a SAVEPOINT, whose unique-constraint error means "already there".
+inside a SAVEPOINT, whose unique-constraint error means "already there". ``INSERT IGNORE`` also turns a value too
+long for its column into a truncated one, so every value is checked against its column's length first
+(:func:`check_lengths`): two long names sharing a prefix must not share a row.
+
+Keys are compared byte for byte on every database (:class:`Key`): MySQL and MariaDB compare ``VARCHAR`` in the
+server's collation, usually case- and accent-insensitive and padding trailing spaces, so ``billing`` and ``Billing``
+would be one consumer group there.
+
+Purging deletes in batches (:class:`Purge`): the keys of at most ``batch_size`` old rows are read, then those rows
+deleted by key in a short transaction of their own. One large ``DELETE ... WHERE recorded_at < ...`` at MySQL's
+REPEATABLE READ locks the range it scans (the whole table when it scans it all), so a concurrent insert of a new row
+waited for the purge to end; a delete by primary key locks only the rows it deletes.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import math
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Column, Insert, MetaData, Table, insert
+from sqlalchemy import Column, DateTime, Delete, Insert, MetaData, Select, String, Table, delete, insert, select, tuple_
+from sqlalchemy.dialects import mysql
+from sqlalchemy.types import TypeDecorator
 
 from ..errors import ConfigurationError
 
 ON_CONFLICT_DIALECTS = ("postgresql", "sqlite")
 IGNORE_DIALECTS = ("mysql", "mariadb")
+PURGE_BATCH_SIZE = 500
+"""Rows a purge deletes per statement and per transaction: what a concurrent writer may wait for, at most."""
 
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+class Key(TypeDecorator[str]):
+    """A text key compared exactly (case, accents, trailing spaces) on every database: ``VARBINARY`` holding the
+    UTF-8 bytes on MySQL / MariaDB (room for ``length`` characters of 4 bytes), ``VARCHAR(length)`` elsewhere,
+    whose default collations already compare exactly."""
+
+    impl = String
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        if dialect.name in IGNORE_DIALECTS:
+            return dialect.type_descriptor(mysql.VARBINARY(4 * self.impl.length))
+        return dialect.type_descriptor(String(self.impl.length))
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        if isinstance(value, str) and dialect.name in IGNORE_DIALECTS:
+            return value.encode("utf-8")
+        return value
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value).decode("utf-8")
+        return value
+
+
+def timestamp() -> DateTime:
+    """A UTC time column; on MySQL / MariaDB with microseconds (``DATETIME`` keeps whole seconds there, rounded on
+    MySQL: a row written now could count as written in the future and escape a purge)."""
+    return DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), *IGNORE_DIALECTS)  # type: ignore[return-value]
 
 
 def insert_if_absent(table: Table, dialect_name: str, values: dict[str, Any]) -> Insert | None:
@@ -48,6 +94,18 @@ def was_written(result: Any) -> bool:
     return bool(result.rowcount == 1)
 
 
+def check_lengths(table: Table, values: dict[str, Any], what: str) -> None:
+    """Refuse a value longer than its column holds, on every database: PostgreSQL would raise, SQLite store it
+    whole, and MySQL's ``INSERT IGNORE`` truncate it silently (two keys sharing a prefix would become one)."""
+    for name, value in values.items():
+        length = getattr(table.c[name].type, "length", None)
+        if isinstance(value, str) and length is not None and len(value) > length:
+            raise ConfigurationError(
+                f"{what}: {name} {value[:40]!r}... is {len(value)} characters, more than the {length} that "
+                f"{table.name}.{name} holds; refused rather than truncated: use a shorter {name}"
+            )
+
+
 def dialect_of(executor: Any) -> str:
     """The dialect name of a ``Session``, ``Connection``, ``AsyncSession`` or ``AsyncConnection``."""
     dialect = getattr(executor, "dialect", None)
@@ -57,11 +115,57 @@ def dialect_of(executor: Any) -> str:
 
 
 def lock_timeout_statement(dialect_name: str, seconds: float) -> str | None:
-    """Bound how long a fence waits on a local transaction that holds the row's lock (PostgreSQL; SQLite waits its
-    own busy timeout, MySQL its ``innodb_lock_wait_timeout``)."""
+    """Bound how long a fence waits on a local transaction that holds the row's lock, for this transaction only
+    (PostgreSQL). SQLite waits its own busy timeout; MySQL / MariaDB have no such setting per transaction: see
+    :func:`session_lock_timeout`."""
     if dialect_name == "postgresql":
         return f"SET LOCAL lock_timeout = '{max(1, int(seconds * 1000))}ms'"
     return None
+
+
+SESSION_LOCK_TIMEOUT_READ = "SELECT @@SESSION.innodb_lock_wait_timeout"
+
+
+def session_lock_timeout(dialect_name: str, seconds: float) -> str | None:
+    """MySQL / MariaDB: the statement bounding the connection's lock waits (``innodb_lock_wait_timeout``, whole
+    seconds, at least 1; the server's default is 50). It lasts for the session: read the value before with
+    :data:`SESSION_LOCK_TIMEOUT_READ` and set it back after the transaction (:func:`session_lock_timeout_restore`),
+    the connection goes back to a pool."""
+    if dialect_name in IGNORE_DIALECTS:
+        return f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(seconds))}"
+    return None
+
+
+def session_lock_timeout_restore(previous: Any) -> str:
+    return f"SET SESSION innodb_lock_wait_timeout = {int(previous)}"
+
+
+class Purge:
+    """The statements of a purge in batches: :attr:`batch` reads the keys of up to ``batch_size`` rows older than
+    the cutoff (a plain read, no locks), :meth:`delete` deletes those rows by key (still older than the cutoff: a
+    key written again since is kept). The caller runs each in its own short transaction until a batch comes back
+    short."""
+
+    def __init__(self, table: Table, time_column: Column[Any], older_than: timedelta, batch_size: int) -> None:
+        if older_than < timedelta(0):
+            raise ConfigurationError(f"purge: older_than must not be negative, got {older_than}")
+        if batch_size < 1:
+            raise ConfigurationError(f"purge: batch_size must be at least 1, got {batch_size}")
+        self.table, self.batch_size = table, batch_size
+        self.cutoff = utc_now() - older_than
+        self.keys = list(table.primary_key.columns)
+        self.old = time_column < self.cutoff
+        self.batch: Select[Any] = select(*self.keys).where(self.old).order_by(time_column).limit(batch_size)
+
+    def delete(self, keys: list[Any]) -> Delete:
+        if len(self.keys) == 1:
+            return delete(self.table).where(self.keys[0].in_([key[0] for key in keys]), self.old)
+        return delete(self.table).where(tuple_(*self.keys).in_([tuple(key) for key in keys]), self.old)
+
+    def done(self, found: int, deleted: int) -> bool:
+        """Whether the purge is over after a batch that found ``found`` keys and deleted ``deleted`` rows (none
+        deleted: another purge took them, or the keys do not match back; stop rather than loop)."""
+        return found < self.batch_size or deleted == 0
 
 
 def table_in(metadata: MetaData, name: str, *columns: Column[Any]) -> Table:

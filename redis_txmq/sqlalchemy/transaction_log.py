@@ -35,13 +35,27 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Column, DateTime, Insert, MetaData, String, delete, insert, select
+from sqlalchemy import Column, Insert, MetaData, String, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..errors import ConfigurationError
 from ..message import LocalTransactionState, Message
 from ..sending import HandleState, ManyHandleState
-from .statements import dialect_of, insert_if_absent, lock_timeout_statement, table_in, utc_now
+from .statements import (
+    PURGE_BATCH_SIZE,
+    SESSION_LOCK_TIMEOUT_READ,
+    Key,
+    Purge,
+    check_lengths,
+    dialect_of,
+    insert_if_absent,
+    lock_timeout_statement,
+    session_lock_timeout,
+    session_lock_timeout_restore,
+    table_in,
+    timestamp,
+    utc_now,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +87,10 @@ class TransactionLog:
     """A table of committed local transactions in the service's own database, and the check-back that reads it.
 
     ``metadata`` is the service's SQLAlchemy ``MetaData`` (create the table with it, or with your migrations: the
-    columns are ``transaction_id`` (primary key), ``topic``, ``state`` and ``recorded_at``)."""
+    columns are ``transaction_id`` (primary key, compared exactly: ``VARBINARY(256)`` on MySQL / MariaDB),
+    ``topic``, ``state`` and ``recorded_at``). ``lock_timeout_seconds`` bounds a fence's wait on a row a running
+    local transaction holds (PostgreSQL's ``lock_timeout``, MySQL / MariaDB's ``innodb_lock_wait_timeout`` in whole
+    seconds, set for the fence only; SQLite waits its own busy timeout)."""
 
     def __init__(
         self,
@@ -95,10 +112,10 @@ class TransactionLog:
         self.table = table_in(
             metadata,
             table_name,
-            Column("transaction_id", String(TRANSACTION_ID_LENGTH), primary_key=True),
+            Column("transaction_id", Key(TRANSACTION_ID_LENGTH), primary_key=True),
             Column("topic", String(255), nullable=True),
             Column("state", String(8), nullable=False),
-            Column("recorded_at", DateTime(timezone=True), nullable=False, default=utc_now, index=True),
+            Column("recorded_at", timestamp(), nullable=False, default=utc_now, index=True),
         )
 
     def record(self, transaction: HandleState | ManyHandleState | Message | str, *, topic: str | None = None) -> Insert:
@@ -130,9 +147,9 @@ class TransactionLog:
             raise ConfigurationError(
                 f"record() takes a transaction handle, a Message or a transaction id, got {transaction!r}"
             )
-        return insert(self.table).values(
-            transaction_id=transaction_id, topic=topic, state=COMMIT.value, recorded_at=utc_now()
-        )
+        values = {"transaction_id": transaction_id, "topic": topic, "state": COMMIT.value, "recorded_at": utc_now()}
+        check_lengths(self.table, values, f"transaction log, topic {topic!r}")
+        return insert(self.table).values(**values)
 
     def check(self, engine: Any, message: Message) -> LocalTransactionState:
         """Answer a check-back from the log (sync ``Engine``); see the module's description of the rules."""
@@ -142,22 +159,34 @@ class TransactionLog:
         decided = self.decide(transaction_id, state, message)
         if decided is not None:
             return decided
+        fence = self._fence_values(message)
         try:
-            with engine.begin() as connection:
+            with engine.connect() as connection:
                 dialect = dialect_of(connection)
-                if (limit := lock_timeout_statement(dialect, self.lock_timeout_seconds)) is not None:
-                    connection.exec_driver_sql(limit)
-                fence = self._fence_values(message)
-                statement = insert_if_absent(self.table, dialect, fence)
-                if statement is not None:
-                    connection.execute(statement)
-                else:
-                    try:
-                        with connection.begin_nested():
-                            connection.execute(insert(self.table).values(**fence))
-                    except IntegrityError:
-                        pass
-                state = connection.execute(self._state_of(transaction_id)).scalar_one()
+                session_limit = session_lock_timeout(dialect, self.lock_timeout_seconds)
+                previous = None
+                if session_limit is not None:
+                    previous = connection.exec_driver_sql(SESSION_LOCK_TIMEOUT_READ).scalar_one()
+                    connection.exec_driver_sql(session_limit)
+                    connection.commit()
+                try:
+                    with connection.begin():
+                        if (limit := lock_timeout_statement(dialect, self.lock_timeout_seconds)) is not None:
+                            connection.exec_driver_sql(limit)
+                        statement = insert_if_absent(self.table, dialect, fence)
+                        if statement is not None:
+                            connection.execute(statement)
+                        else:
+                            try:
+                                with connection.begin_nested():
+                                    connection.execute(insert(self.table).values(**fence))
+                            except IntegrityError:
+                                pass
+                        state = connection.execute(self._state_of(transaction_id)).scalar_one()
+                finally:
+                    if previous is not None and not connection.invalidated:
+                        connection.exec_driver_sql(session_lock_timeout_restore(previous))
+                        connection.commit()
         except OperationalError as exc:
             return self._still_locked(message, exc)
         return self._fenced(message, state)
@@ -170,22 +199,34 @@ class TransactionLog:
         decided = self.decide(transaction_id, state, message)
         if decided is not None:
             return decided
+        fence = self._fence_values(message)
         try:
-            async with engine.begin() as connection:
+            async with engine.connect() as connection:
                 dialect = dialect_of(connection)
-                if (limit := lock_timeout_statement(dialect, self.lock_timeout_seconds)) is not None:
-                    await connection.exec_driver_sql(limit)
-                fence = self._fence_values(message)
-                statement = insert_if_absent(self.table, dialect, fence)
-                if statement is not None:
-                    await connection.execute(statement)
-                else:
-                    try:
-                        async with connection.begin_nested():
-                            await connection.execute(insert(self.table).values(**fence))
-                    except IntegrityError:
-                        pass
-                state = (await connection.execute(self._state_of(transaction_id))).scalar_one()
+                session_limit = session_lock_timeout(dialect, self.lock_timeout_seconds)
+                previous = None
+                if session_limit is not None:
+                    previous = (await connection.exec_driver_sql(SESSION_LOCK_TIMEOUT_READ)).scalar_one()
+                    await connection.exec_driver_sql(session_limit)
+                    await connection.commit()
+                try:
+                    async with connection.begin():
+                        if (limit := lock_timeout_statement(dialect, self.lock_timeout_seconds)) is not None:
+                            await connection.exec_driver_sql(limit)
+                        statement = insert_if_absent(self.table, dialect, fence)
+                        if statement is not None:
+                            await connection.execute(statement)
+                        else:
+                            try:
+                                async with connection.begin_nested():
+                                    await connection.execute(insert(self.table).values(**fence))
+                            except IntegrityError:
+                                pass
+                        state = (await connection.execute(self._state_of(transaction_id))).scalar_one()
+                finally:
+                    if previous is not None and not connection.invalidated:
+                        await connection.exec_driver_sql(session_lock_timeout_restore(previous))
+                        await connection.commit()
         except OperationalError as exc:
             return self._still_locked(message, exc)
         return self._fenced(message, state)
@@ -219,29 +260,45 @@ class TransactionLog:
                 return UNKNOWN
         return None
 
-    def purge(self, engine: Any, older_than: timedelta) -> int:
+    def purge(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """Delete the rows recorded more than ``older_than`` ago; returns how many. Keep ``older_than`` above the
-        checker's ``max_age``: a check-back may ask about a transaction until then."""
-        with engine.begin() as connection:
-            return int(connection.execute(self._older_than(older_than)).rowcount)
+        checker's ``max_age``: a check-back may ask about a transaction until then. Rows go in batches of at most
+        ``batch_size``, each in a transaction of its own, so a concurrent ``record()`` waits for one batch at most."""
+        purge = Purge(self.table, self.table.c.recorded_at, older_than, batch_size)
+        deleted = 0
+        while True:
+            with engine.connect() as connection:
+                keys = list(connection.execute(purge.batch).all())
+            removed = 0
+            if keys:
+                with engine.begin() as connection:
+                    removed = int(connection.execute(purge.delete(keys)).rowcount)
+            deleted += removed
+            if purge.done(len(keys), removed):
+                return deleted
 
-    async def purge_async(self, engine: Any, older_than: timedelta) -> int:
+    async def purge_async(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """:meth:`purge` on an ``AsyncEngine``."""
-        async with engine.begin() as connection:
-            return int((await connection.execute(self._older_than(older_than))).rowcount)
+        purge = Purge(self.table, self.table.c.recorded_at, older_than, batch_size)
+        deleted = 0
+        while True:
+            async with engine.connect() as connection:
+                keys = list((await connection.execute(purge.batch)).all())
+            removed = 0
+            if keys:
+                async with engine.begin() as connection:
+                    removed = int((await connection.execute(purge.delete(keys))).rowcount)
+            deleted += removed
+            if purge.done(len(keys), removed):
+                return deleted
 
     def _state_of(self, transaction_id: str) -> Any:
         return select(self.table.c.state).where(self.table.c.transaction_id == transaction_id)
 
-    def _older_than(self, older_than: timedelta) -> Any:
-        if older_than < timedelta(0):
-            raise ConfigurationError(f"purge: older_than must not be negative, got {older_than}")
-        return delete(self.table).where(self.table.c.recorded_at < utc_now() - older_than)
-
-    @staticmethod
-    def _transaction_id(message: Message) -> str:
+    def _transaction_id(self, message: Message) -> str:
         if not message.transaction_id:
             raise ConfigurationError(f"topic {message.topic!r}: a check-back message carries a transaction id")
+        check_lengths(self.table, self._fence_values(message), f"transaction log, topic {message.topic!r}")
         return message.transaction_id
 
     @staticmethod
