@@ -1,11 +1,11 @@
 """The inbox: a redelivered message (its consumer died between the database commit and the ack, another instance
-claimed it) changes the consumer's database once — sync and asyncio, on SQLite and PostgreSQL."""
+claimed it) changes the consumer's database once — sync and asyncio, on SQLite, PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -15,9 +15,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from redis_txmq import ConsumedMessage, Consumer, LocalTransactionState, Message, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
+from redis_txmq.errors import ConfigurationError
 from redis_txmq.keys import TopicKeys
 
-from .databases import Database
+from .databases import Database, DeleteWatch, bound_lock_waits
+from .helpers import wait_until
 
 REDELIVER_SOON: dict[str, Any] = {"block": 0.05, "min_idle_time": 0.2}
 
@@ -89,6 +91,111 @@ def test_purge_keeps_the_window(database: Database) -> None:
         inbox.claim(session, "billing", a_message("tx-2"))
     assert inbox.purge(database.engine, timedelta(hours=1)) == 0
     assert inbox.purge(database.engine, timedelta(0)) == 2
+
+
+def old_claims(database: Database, count: int, group: str = "billing") -> None:
+    """``count`` messages ``group`` applied two hours ago."""
+    two_hours_ago = datetime.now(timezone.utc) - timedelta(hours=2)
+    rows = [
+        {"consumer_group": group, "message_id": f"tx-{i:06d}", "topic": "orders", "processed_at": two_hours_ago}
+        for i in range(count)
+    ]
+    with database.engine.begin() as connection:
+        connection.execute(insert(database.inbox.table), rows)
+
+
+def inbox_rows(database: Database) -> list[tuple[str, str]]:
+    table = database.inbox.table
+    with database.engine.connect() as connection:
+        return sorted(tuple(row) for row in connection.execute(select(table.c.consumer_group, table.c.message_id)))
+
+
+def test_purge_deletes_in_batches_of_bounded_size(database: Database) -> None:
+    """Defect: purge() was one DELETE of every old row, in one transaction."""
+    old_claims(database, 1100)
+    old_claims(database, 100, group="shipping")
+    with Session(database.engine) as session, session.begin():
+        database.inbox.claim(session, "billing", a_message("tx-new"))
+    watch = DeleteWatch().watch(database.engine)
+    assert database.inbox.purge(database.engine, timedelta(hours=1), batch_size=400) == 1200
+    assert watch.per_statement and max(watch.per_statement) <= 400 and sum(watch.per_statement) == 1200
+    assert max(watch.per_transaction) <= 400 and sum(watch.per_transaction) == 1200
+    assert inbox_rows(database) == [("billing", "tx-new")]
+
+    old_claims(database, 500)
+
+    async def purge_async() -> tuple[int, DeleteWatch]:
+        engine = database.async_engine()
+        try:
+            async_watch = DeleteWatch().watch(engine.sync_engine)
+            return await database.inbox.purge_async(engine, timedelta(hours=1), batch_size=200), async_watch
+        finally:
+            await engine.dispose()
+
+    deleted, async_watch = asyncio.run(purge_async())
+    assert deleted == 500 and max(async_watch.per_transaction) <= 200 and sum(async_watch.per_transaction) == 500
+    assert inbox_rows(database) == [("billing", "tx-new")]
+
+
+def test_a_claim_completes_while_a_purge_of_many_rows_runs(database: Database) -> None:
+    """Defect: on MariaDB a purge of many rows (one DELETE) locked the table until it committed. Here its first
+    batch holds its locks until the claim is done (on SQLite, one writer at a time, the claim comes between
+    batches), and the claim may wait on a lock 1 s at most."""
+    old_claims(database, 5000)
+    purging, writing = database.other_engine(), database.other_engine()
+    watch = DeleteWatch(hold=database.name != "sqlite").watch(purging)
+    purged: list[int] = []
+    purge = threading.Thread(target=lambda: purged.append(database.inbox.purge(purging, timedelta(hours=1))))
+    purge.start()
+    try:
+        wait_until(lambda: watch.holding.is_set() or bool(watch.per_transaction), timeout=30)
+        with Session(writing) as session, session.begin():
+            bound_lock_waits(session.connection(), 1)
+            assert database.inbox.claim(session, "billing", a_message("tx-during-purge"))
+    finally:
+        watch.release.set()
+        purge.join(60)
+        purging.dispose()
+        writing.dispose()
+    assert purged == [5000]
+    assert inbox_rows(database) == [("billing", "tx-during-purge")]
+
+
+def test_groups_differing_in_case_accents_or_trailing_spaces_are_distinct(database: Database) -> None:
+    """Defect: on MariaDB the key took the server's case- and accent-insensitive collation, so ``Billing`` found
+    ``billing``'s row and its effects were skipped."""
+    groups = ["billing", "Billing", "billïng", "billing "]
+    for group in groups:
+        with Session(database.engine) as session, session.begin():
+            assert database.inbox.claim(session, group, a_message()) is True, f"{group!r} has not applied it"
+    with Session(database.engine) as session, session.begin():
+        assert [database.inbox.claim(session, group, a_message()) for group in groups] == [False] * 4
+        assert database.inbox.claim(session, "billing", a_message("TX-1")) is True, "another transaction id"
+    assert inbox_rows(database) == sorted([(group, "tx-1") for group in groups] + [("billing", "TX-1")])
+
+
+def test_an_over_long_group_or_id_is_refused_not_truncated(database: Database) -> None:
+    """Defect: MariaDB's INSERT IGNORE truncated a group name longer than its column, so two long names sharing a
+    prefix shared rows (the second one's effects skipped)."""
+    prefix = "g" * 127  # the column's 127 characters
+    with Session(database.engine) as session, session.begin():
+        with pytest.raises(ConfigurationError, match="consumer_group"):
+            database.inbox.claim(session, prefix + "-billing", a_message())
+        with pytest.raises(ConfigurationError, match="message_id"):
+            database.inbox.claim(session, "billing", a_message("tx-" + "x" * 300))
+        assert database.inbox.claim(session, prefix, a_message()) is True, "127 characters fit"
+
+    async def claim_async() -> None:
+        engine = database.async_engine()
+        try:
+            async with async_sessionmaker(engine)() as session, session.begin():
+                with pytest.raises(ConfigurationError, match="consumer_group"):
+                    await database.inbox.claim_async(session, prefix + "-shipping", a_message())
+        finally:
+            await engine.dispose()
+
+    asyncio.run(claim_async())
+    assert inbox_rows(database) == [(prefix, "tx-1")]
 
 
 def test_a_consumer_killed_between_its_commit_and_its_ack_applies_the_message_once(

@@ -1,13 +1,13 @@
 """The transaction log answers check-backs from the service's own database: COMMIT for a committed local transaction,
-UNKNOWN while one may still run, ROLLBACK (behind a fence row) once it cannot commit any more — on SQLite and
-PostgreSQL, sync and asyncio, and end to end through a producer, a lost end call and the checker."""
+UNKNOWN while one may still run, ROLLBACK (behind a fence row) once it cannot commit any more — on SQLite,
+PostgreSQL and MariaDB, sync and asyncio, and end to end through a producer, a lost end call and the checker."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -18,10 +18,11 @@ from sqlalchemy.exc import IntegrityError
 from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
+from redis_txmq.errors import ConfigurationError
 from redis_txmq.keys import TopicKeys
 from redis_txmq.sqlalchemy import TransactionLog
 
-from .databases import Database
+from .databases import Database, DeleteWatch, bound_lock_waits
 from .helpers import wait_until
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
@@ -42,6 +43,17 @@ def state_of(db: Database, transaction_id: str) -> str | None:
         return connection.execute(
             select(table.c.state).where(table.c.transaction_id == transaction_id)
         ).scalar_one_or_none()
+
+
+def old_rows(database: Database, count: int, prefix: str = "tx-old") -> None:
+    """``count`` COMMIT rows recorded two hours ago."""
+    two_hours_ago = datetime.now(timezone.utc) - timedelta(hours=2)
+    rows = [
+        {"transaction_id": f"{prefix}-{i:06d}", "topic": "orders", "state": "COMMIT", "recorded_at": two_hours_ago}
+        for i in range(count)
+    ]
+    with database.engine.begin() as connection:
+        connection.execute(insert(database.log.table), rows)
 
 
 def test_a_committed_local_transaction_is_committed(database: Database) -> None:
@@ -88,15 +100,36 @@ def test_a_fence_waits_for_a_local_transaction_holding_its_row_and_then_answers_
 
 
 def test_a_local_transaction_holding_its_row_past_the_lock_timeout_is_unknown(database: Database) -> None:
+    """The fence gives up after ``lock_timeout_seconds`` (2 s here), far below the servers' own bounds (MariaDB's
+    ``innodb_lock_wait_timeout`` is 50 s): defect, MySQL / MariaDB ignored it. On MySQL / MariaDB the bound is the
+    session's, set back once the fence is done: the connection goes back to the pool as it was."""
+    checks = database.other_engine()
     with database.engine.connect() as local:
         local.begin()
         local.execute(database.log.record("tx-holding", topic="orders"))
         started = time.monotonic()
-        answer = database.log.check(database.engine, a_check("tx-holding", age=31))
+        answer = database.log.check(checks, a_check("tx-holding", age=31))
         waited = time.monotonic() - started
         local.rollback()
     assert answer is UNKNOWN and waited < 10
     assert database.log.check(database.engine, a_check("tx-holding", age=31)) is ROLLBACK, "rolled back: fenced now"
+    checks.dispose()
+
+
+def test_a_fence_on_mysql_leaves_the_sessions_lock_wait_timeout_as_it_was(database: Database) -> None:
+    if database.name != "mariadb":
+        pytest.skip("MySQL / MariaDB only: elsewhere the bound is the transaction's")
+    from sqlalchemy import create_engine
+
+    one_connection = create_engine(database.engine.url, pool_size=1, max_overflow=0)
+    try:
+        with one_connection.connect() as connection:
+            connection.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 37")  # the service's own choice
+        assert database.log.check(one_connection, a_check("tx-fenced", age=31)) is ROLLBACK
+        with one_connection.connect() as connection:
+            assert connection.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one() == 37
+    finally:
+        one_connection.dispose()
 
 
 def test_async_check_and_purge(database: Database) -> None:
@@ -124,12 +157,90 @@ def test_purge_keeps_rows_inside_the_window(database: Database) -> None:
         connection.execute(database.log.record("tx-new", topic="orders"))
         connection.execute(database.log.record("tx-old", topic="orders"))
         table = database.log.table
-        an_hour_ago = table.c.recorded_at - timedelta(hours=2)
-        connection.execute(update(table).where(table.c.transaction_id == "tx-old").values(recorded_at=an_hour_ago))
+        two_hours_ago = datetime.now(timezone.utc) - timedelta(hours=2)
+        connection.execute(update(table).where(table.c.transaction_id == "tx-old").values(recorded_at=two_hours_ago))
     assert database.log.purge(database.engine, timedelta(hours=1)) == 1
     assert state_of(database, "tx-new") == "COMMIT" and state_of(database, "tx-old") is None
     with pytest.raises(ValueError, match="negative"):
         database.log.purge(database.engine, timedelta(seconds=-1))
+
+
+def test_purge_deletes_in_batches_of_bounded_size(database: Database) -> None:
+    """Defect: purge() was one DELETE of every old row, in one transaction (on MySQL / MariaDB at REPEATABLE READ
+    that locks the range it scans, so writers waited for all of it)."""
+    old_rows(database, 1200)
+    with database.engine.begin() as connection:
+        connection.execute(database.log.record("tx-new", topic="orders"))
+    watch = DeleteWatch().watch(database.engine)
+    assert database.log.purge(database.engine, timedelta(hours=1), batch_size=500) == 1200
+    assert watch.per_statement and max(watch.per_statement) <= 500 and sum(watch.per_statement) == 1200
+    assert max(watch.per_transaction) <= 500 and sum(watch.per_transaction) == 1200
+    assert state_of(database, "tx-new") == "COMMIT"
+
+    old_rows(database, 700, prefix="tx-older")
+
+    async def purge_async() -> tuple[int, DeleteWatch]:
+        engine = database.async_engine()
+        try:
+            async_watch = DeleteWatch().watch(engine.sync_engine)
+            return await database.log.purge_async(engine, timedelta(hours=1), batch_size=300), async_watch
+        finally:
+            await engine.dispose()
+
+    deleted, async_watch = asyncio.run(purge_async())
+    assert deleted == 700 and max(async_watch.per_transaction) <= 300 and sum(async_watch.per_transaction) == 700
+    assert state_of(database, "tx-new") == "COMMIT"
+    with pytest.raises(ValueError, match="batch_size"):
+        database.log.purge(database.engine, timedelta(hours=1), batch_size=0)
+
+
+def test_a_record_completes_while_a_purge_of_many_rows_runs(database: Database) -> None:
+    """Defect: on MariaDB a record() waited for a purge of 20,000 rows to commit (one DELETE locking the table), and
+    failed at its lock timeout. Here the purge's first batch holds its locks until the record is done (on SQLite,
+    one writer at a time, the record comes between batches), and the record may wait on a lock 1 s at most."""
+    old_rows(database, 5000)
+    purging, writing = database.other_engine(), database.other_engine()
+    watch = DeleteWatch(hold=database.name != "sqlite").watch(purging)
+    purged: list[int] = []
+    purge = threading.Thread(target=lambda: purged.append(database.log.purge(purging, timedelta(hours=1))))
+    purge.start()
+    try:
+        wait_until(lambda: watch.holding.is_set() or bool(watch.per_transaction), timeout=30)
+        with writing.begin() as connection:
+            bound_lock_waits(connection, 1)
+            connection.execute(database.log.record("tx-during-purge", topic="orders"))
+    finally:
+        watch.release.set()
+        purge.join(60)
+        purging.dispose()
+        writing.dispose()
+    assert purged == [5000]
+    assert state_of(database, "tx-during-purge") == "COMMIT"
+
+
+def test_transaction_ids_differing_in_case_are_two_transactions(database: Database) -> None:
+    """Defect: on MariaDB the key took the server's case-insensitive collation: the fence of ``tx-case`` found the
+    row of ``tx-Case`` and answered COMMIT."""
+    with database.engine.begin() as connection:
+        connection.execute(database.log.record("tx-Case", topic="orders"))
+    assert database.log.check(database.engine, a_check("tx-case", age=None)) is ROLLBACK
+    assert database.log.check(database.engine, a_check("tx-Case", age=None)) is COMMIT
+    assert state_of(database, "tx-case") == "ROLLBACK" and state_of(database, "tx-Case") == "COMMIT"
+
+
+def test_an_over_long_transaction_id_is_refused_not_truncated(database: Database) -> None:
+    """Defect: MariaDB's INSERT IGNORE truncated an over-long id: the fence of one transaction landed on another."""
+    shared = "tx-" + "x" * 61  # the column's 64 characters
+    with database.engine.begin() as connection:
+        connection.execute(database.log.record(shared, topic="orders"))
+    longer = a_check(shared + "-other", age=None)
+    with pytest.raises(ConfigurationError, match="transaction_id"):
+        database.log.check(database.engine, longer)
+    with pytest.raises(ConfigurationError, match="transaction_id"):
+        database.log.record(Message("orders", b"{}", transaction_id=shared + "-other"))
+    assert state_of(database, shared) == "COMMIT"
+    with database.engine.connect() as connection:
+        assert len(connection.execute(select(database.log.table.c.transaction_id)).all()) == 1
 
 
 def test_record_refuses_the_callers_message_without_a_transaction_id() -> None:
