@@ -1,5 +1,5 @@
-"""An order service and a billing consumer on PostgreSQL, as processes that SIGKILL themselves at the worst moment:
-``python -m tests.pg_service producer|consumer REDIS_URL DATABASE_URL KILL_AT``.
+"""An order service and a billing consumer on PostgreSQL or MariaDB, as processes that SIGKILL themselves at the worst
+moment: ``python -m tests.pg_service producer|consumer REDIS_URL DATABASE_URL KILL_AT``.
 
 - ``producer``: places orders ``0..ORDERS-1`` not in the database yet, each in a transaction handle whose local
   transaction inserts the order and its transaction-log row; order ``KILL_AT`` kills the process right after its
@@ -25,7 +25,12 @@ from redis_txmq.sqlalchemy import Inbox, TransactionLog
 ORDERS = 12
 SETTINGS = Settings(transaction_timeout=0.5, check_interval=0.5, heartbeat_interval=0.5, claim_idle=1)
 metadata = MetaData()
-orders = Table("orders", metadata, Column("id", Integer, primary_key=True), Column("transaction_id", String(64)))
+orders = Table(  # order ids are given (MySQL would number an order 0 inserted into an AUTO_INCREMENT key)
+    "orders",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("transaction_id", String(64)),
+)
 invoices = Table("invoices", metadata, Column("n", Integer, primary_key=True), Column("order_id", Integer))
 log = TransactionLog(metadata, local_transaction_max_seconds=2)
 inbox = Inbox(metadata)

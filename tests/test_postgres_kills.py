@@ -1,7 +1,7 @@
-"""Processes on PostgreSQL killed at the worst moments (``tests/pg_service.py``): a producer SIGKILLed between its
-database commit and its end call, a consumer SIGKILLed between its database commit and its ack. The transaction log
-lets the check-back publish the first order; the inbox keeps the redelivered one from being billed twice: the billing
-database ends with each committed order exactly once."""
+"""Processes on PostgreSQL and on MariaDB killed at the worst moments (``tests/pg_service.py``, whose database is
+the URL it is given): a producer SIGKILLed between its database commit and its end call, a consumer SIGKILLed between
+its database commit and its ack. The transaction log lets the check-back publish the first order; the inbox keeps the
+redelivered one from being billed twice: the billing database ends with each committed order exactly once."""
 
 from __future__ import annotations
 
@@ -39,10 +39,16 @@ def billed_rows(engine: Any) -> int:
         return len(db.execute(select(invoices.c.n)).all())
 
 
+@pytest.fixture(params=["postgresql", "mariadb"])
+def service_engine(request: pytest.FixtureRequest) -> Any:
+    """A sync engine on a fresh schema (PostgreSQL) or database (MariaDB) of the session's own server."""
+    return request.getfixturevalue("postgres_engine" if request.param == "postgresql" else "mariadb_engine")
+
+
 def test_kills_between_database_commit_and_end_call_and_between_commit_and_ack(
-    real_client: Any, redis_url: str, postgres_engine: Any
+    real_client: Any, redis_url: str, service_engine: Any
 ) -> None:
-    database_url = postgres_engine.url.render_as_string(hide_password=False)
+    database_url = service_engine.url.render_as_string(hide_password=False)
     assert service("setup", redis_url, database_url).wait(60) == 0
     running: list[subprocess.Popen[str]] = []
     try:
@@ -64,14 +70,14 @@ def test_kills_between_database_commit_and_end_call_and_between_commit_and_ack(
         assert dies.wait(60) == -9, dies.stdout.read() if dies.stdout else ""
         running.append(service("consumer", redis_url, database_url))  # takes over the unacked ones
         wait_until(
-            lambda: billed_rows(postgres_engine) >= ORDERS and pending(real_client, "orders", "billing") == 0,
+            lambda: billed_rows(service_engine) >= ORDERS and pending(real_client, "orders", "billing") == 0,
             timeout=30,
         )
     finally:
         for process in running:
             process.kill()
             process.wait(10)
-    with postgres_engine.connect() as db:
+    with service_engine.connect() as db:
         placed = dict(db.execute(select(orders.c.id, orders.c.transaction_id)).all())
         billed = collections.Counter(db.execute(select(invoices.c.order_id)).scalars())
     published = collections.Counter(fields[b"transaction_id"].decode() for _, fields in real_client.xrange("orders"))
