@@ -3,14 +3,16 @@
 -- its lease has passed (a driver that died stops renewing). The job's record is created by the first lease.
 -- KEYS[1] record    hash  txmq:job:{<job>} or txmq:job:{<sink>}:<batch>: lease_ms (the lease's end, server ms),
 --                         started_ms; once decided: outcome, stages, rows, decided_ms (lua/decide_job.lua)
+-- KEYS[2] stages    set   the job's stages (same slot; optional): kept as long as its stages while the job is leased
 -- ARGV[1] lease_ms  how long the lease lasts from now
--- ARGV[2] keep_ms   how long the record is kept past now (the stages' time to live)
+-- ARGV[2] keep_ms   how long the record is kept past now
+-- ARGV[3] list_ms   how long the stage list is kept past now (the stages' time to live; optional)
 -- Reply: {'OK', lease end (ms)} (the end never moves earlier), {'DECIDED', outcome} (no lease: the job is
 --        decided, an attempt writes nothing for it) or {'ERR', 'BADARG', detail}.
 
-local lease_ms, keep_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-if not lease_ms or lease_ms < 1 or not keep_ms or keep_ms < 1 then
-  return {'ERR', 'BADARG', 'need lease_ms >= 1 and keep_ms >= 1'}
+local lease_ms, keep_ms, list_ms = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3] or '1')
+if not lease_ms or lease_ms < 1 or not keep_ms or keep_ms < 1 or not list_ms or list_ms < 1 then
+  return {'ERR', 'BADARG', 'need lease_ms >= 1, keep_ms >= 1 and list_ms >= 1'}
 end
 local record = redis.call('HMGET', KEYS[1], 'outcome', 'lease_ms', 'started_ms')
 if record[1] then
@@ -21,4 +23,7 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local ends = math.max(now + lease_ms, tonumber(record[2] or '0'))
 redis.call('HSET', KEYS[1], 'lease_ms', string.format('%d', ends), 'started_ms', record[3] or string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], keep_ms)
+if KEYS[2] and ARGV[3] then
+  redis.call('PEXPIRE', KEYS[2], list_ms)
+end
 return {'OK', string.format('%d', ends)}

@@ -4,11 +4,13 @@ checker's settler on a real redis-server through random interleavings of batch j
 streaming sink: task attempts that stage rows (some fail, some are speculative duplicates), the driver's commit of
 one attempt per partition, a commit that raises right after its decision (then Spark's abort, or the driver dies),
 an abort, a driver that dies, a lease that passes (of a dead driver, or of one that stalled), check rounds, a
-replayed micro-batch (also once its decision expired), and a stage entry XADD would refuse. A plain Python model
+replayed micro-batch (also once its decision expired), a stage entry XADD would refuse, and a stage that expires
+before its job is decided. A plain Python model
 says which rows may be visible; after every step:
 
 - no row is visible twice;
-- a visible row belongs to an attempt of a job decided COMMIT, one the driver committed.
+- a visible row belongs to an attempt of a job decided COMMIT, one the driver committed;
+- a COMMIT naming a stage that expired is refused before it is decided: nothing of that job is published.
 
 and at quiescence (every driver gone, every lease passed, the settler run until nothing is due): every job all or
 nothing, a committed one fully published (one with an unpublishable stage parked for an operator, nothing of it
@@ -80,6 +82,8 @@ class Attempt:
     """Its commit message, when it succeeded."""
     corrupt: str | None = None
     """Its stage that holds an entry XADD refuses."""
+    expired: bool = False
+    """Its stage expired before the job was decided (nothing renewed it)."""
 
 
 @dataclass
@@ -158,8 +162,8 @@ class JobModel(RuleBasedStateMachine):
             return True, False
         if job.decided == "COMMIT":
             return job.unpublishable, False
-        if any(attempt.name in job.set_aside and attempt.rows for attempt in chosen):
-            return True, False
+        if any((attempt.name in job.set_aside or attempt.expired) and attempt.rows for attempt in chosen):
+            return True, False  # a stage to commit is gone: refused before deciding, the job ended as an abort ends it
         if job.micro and job.decision_expired:  # REPLAYED: the sink's last batch refuses it, nothing to publish
             return False, False
         return any(attempt.corrupt for attempt in chosen), True
@@ -314,7 +318,7 @@ class JobModel(RuleBasedStateMachine):
         chosen = self._choose(data, run)
         messages = [attempt.message for attempt in chosen]
         staged = _staged(messages)
-        refused = any(attempt.name in job.set_aside and attempt.rows for attempt in chosen)
+        refused = any((attempt.name in job.set_aside or attempt.expired) and attempt.rows for attempt in chosen)
 
         def decide(write_job: WriteJob) -> None:
             write_job.decide(LocalTransactionState.COMMIT, staged)
@@ -325,6 +329,11 @@ class JobModel(RuleBasedStateMachine):
             self._spark_call(lambda: run.writer._settle(decide), refused, "deciding")
         if not refused:
             self._decide_commit(job, chosen)
+        elif job.micro:  # the refusal ends the job as an abort does: its stages set aside, nothing decided
+            job.set_aside |= set(job.attempts)
+            job.lease_passed = False
+        else:
+            job.decided = "ROLLBACK"
         stages = sorted(staged) if not refused else []
         if partial and stages:  # the publishing stopped after one stage
             corrupt = any(attempt.corrupt == stages[0] for attempt in chosen)
@@ -411,6 +420,25 @@ class JobModel(RuleBasedStateMachine):
         stage = attempt.message.stages[-1]
         if self.client.xadd(stage, {STAGE_ROWS_FIELD: BAD_ENTRY}, nomkstream=True) is not None:
             attempt.corrupt = stage
+
+    def _live_stages(self) -> list[Attempt]:
+        return [
+            a
+            for j in self.jobs
+            if j.decided is None
+            for a in j.attempts.values()
+            if a.rows and a.message and a.name not in j.set_aside and not a.expired
+        ]
+
+    @precondition(lambda self: self._live_stages())
+    @rule(data=st.data())
+    def a_stage_expires_before_the_decision(self, data: st.DataObject) -> None:
+        """A task attempt's stage expires while its job is undecided (no running task renewed it): a COMMIT naming it
+        is refused before it is decided, and nothing of the job is published (never half of it)."""
+        attempt = data.draw(st.sampled_from(self._live_stages()), label="attempt")
+        for stage in attempt.message.stages:
+            self.client.delete(stage)
+        attempt.expired = True
 
     @precondition(
         lambda self: any(

@@ -17,6 +17,7 @@ from redis_txmq.jobs import (
     ROWS_PER_STAGE_ENTRY,
     STAGE_ROWS_FIELD,
     JobNotCommittedError,
+    LeaseKeeper,
     UnpublishableJobError,
     WriteJob,
     settle_jobs,
@@ -222,7 +223,7 @@ def test_a_micro_batch_whose_lease_passed_cannot_commit_its_set_aside_stages(cli
     staged = stage_rows(client, stalled, "orders", "run1", 4)
     wait_until(lambda: settle_jobs(client, settings) == 1)
     assert not client.exists(staged)
-    with pytest.raises(JobNotCommittedError, match="not one of the job's stages"):
+    with pytest.raises(JobNotCommittedError, match=f"nothing of it was published: stage {staged}: MISSING"):
         stalled.commit({staged: 4})
     assert client.hget(stalled.keys.decision, "outcome") is None
     assert client.hget(stalled.keys.sink, "last_batch") is None, "the batch id is still free"
@@ -230,6 +231,45 @@ def test_a_micro_batch_whose_lease_passed_cannot_commit_its_set_aside_stages(cli
     again = stage_rows(client, replay, "orders", "run2", 2)
     assert replay.commit({again: 2}).status == "DECIDED"
     assert bodies(client, "orders") == ["run2-0", "run2-1"] and client.zcard(JOB_REGISTRY) == 0
+
+
+@pytest.mark.parametrize("micro_batch", [False, True], ids=["batch", "micro-batch"])
+def test_a_commit_naming_a_stage_that_expired_is_refused_and_publishes_nothing(client, micro_batch):
+    """A stage listed in the job but gone (it expired while the job ran on) is found before the COMMIT is decided:
+    the job ends as an abort ends it (a batch job rolled back, a micro-batch's stages deleted, its batch id free),
+    none of its rows is published, and the error names the stage. It used to decide COMMIT, publish the other
+    stages and park the job half published."""
+    settings = Settings(transaction_timeout=0)
+    job = WriteJob.micro_batch(client, "expiry-sink", 2, settings) if micro_batch else WriteJob.new(client, settings)
+    early = stage_rows(client, job, "orders", "p0", 2)
+    late = stage_rows(client, job, "orders", "p1", 3)
+    client.delete(early)  # its time to live ran out
+    with pytest.raises(JobNotCommittedError, match=f"nothing of it was published: stage {early}: MISSING"):
+        job.commit({early: 2, late: 3})
+    assert bodies(client, "orders") == [] and not client.exists(late)
+    assert client.hget(job.keys.decision, "outcome") == (None if micro_batch else b"ROLLBACK")
+    assert client.hget(job.keys.decision, "parked") is None and client.zcard(JOB_REGISTRY) == 0
+    if micro_batch:
+        assert client.hget(job.keys.sink, "last_batch") is None, "the batch id is still free"
+
+
+def test_a_running_task_keeps_every_stage_of_its_job_alive(client):
+    """A task that runs long renews the time to live of the job's stages, those of attempts that ended long before
+    too: none expires while the job runs (the time to live was set once, when the stage was opened)."""
+    settings = Settings(job_lease=0.3, stage_lifetime=2, job_decision_lifetime=10)
+    job = WriteJob.new(client, settings)
+    early = stage_rows(client, job, "orders", "p0", 2)  # an attempt that ended long ago
+    client.pexpire(early, 1000)  # as if most of its time to live had passed
+    running = WriteJob(client, job.keys, settings)
+    keeper = LeaseKeeper(running)
+    keeper.start()
+    try:
+        wait_until(lambda: client.pttl(early) > 1200, timeout=10)
+    finally:
+        keeper.stop()
+        running.close()
+    assert job.commit({early: 2}).status == "DECIDED"
+    assert bodies(client, "orders") == ["p0-0", "p0-1"]
 
 
 def test_a_committed_stage_lost_after_the_decision_parks_the_job_with_nothing_published(client):
@@ -279,7 +319,7 @@ def test_a_stage_that_published_fewer_rows_than_its_attempt_staged_fails_the_com
     assert len(bodies(client, "orders")) == 150, "what there was is published, once"
 
 
-@pytest.mark.parametrize("damage", ["entry lost", "entry written twice", "fewer rows"])
+@pytest.mark.parametrize("damage", ["entry lost", "entry written twice", "other rows"])
 def test_a_committed_stage_holding_other_rows_than_staged_publishes_nothing(client, damage):
     """The stage's rows are counted (from its counted ids) before the first row of the job is published: a stage
     with an entry lost, one written twice (a retry that did not use its counted id) or other rows than its attempt
@@ -288,8 +328,12 @@ def test_a_committed_stage_holding_other_rows_than_staged_publishes_nothing(clie
     job = WriteJob.new(client, settings)
     fine = stage_rows(client, job, "orders", "p0", 50)
     damaged = stage_rows(client, job, "orders", "p1", 250)
-    decision = job.decide(COMMIT, {fine: 50, damaged: 251 if damage == "fewer rows" else 250})
-    if damage == "entry lost":
+    decision = job.decide(COMMIT, {fine: 50, damaged: 250})
+    if damage == "other rows":
+        last_id, fields = client.xrange(damaged)[-1]
+        client.xdel(damaged, last_id)
+        client.xadd(damaged, fields, id=stage_entry_id(int(last_id.decode().split("-")[0]), 251))
+    elif damage == "entry lost":
         client.xdel(damaged, client.xrange(damaged, count=1)[0][0])
     elif damage == "entry written twice":
         last_id, fields = client.xrange(damaged)[-1]

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from ..keys import JobKeys
 from ..message import LocalTransactionState
 from ..scripts import register_script
 from . import registry
-from .stages import open_stage, publish_stage, settle_by_job_decision
+from .stages import check_stages, open_stage, publish_stage, settle_by_job_decision
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +98,12 @@ class WriteJob:
     def lease(self) -> int | None:
         """Take or renew the job's lease for ``job_lease`` (``lua/lease_job.lua``) and list the job for the checker
         at the lease's end; returns that end (server ms), or None when the job is decided (nothing to write)."""
-        args = [int(self.settings.job_lease * 1000), self.settings.job_decision_lifetime_ms]
-        reply = self.call("renew its lease", "lease_job", [self.keys.decision], args)
+        args = [
+            int(self.settings.job_lease * 1000),
+            self.settings.job_decision_lifetime_ms,
+            self.settings.stage_lifetime_ms,
+        ]
+        reply = self.call("renew its lease", "lease_job", [self.keys.decision, self.keys.stages], args)
         status = text(reply[0])
         if status == "DECIDED":
             return None
@@ -107,6 +112,12 @@ class WriteJob:
         ends = int(reply[1])
         registry.list_job(self, ends)
         return ends
+
+    def keep_stages(self) -> None:
+        """Renew the time to live of every stage the job lists (:func:`.stages.check_stages`)."""
+        listed = self._do("read its stages", lambda: self.client.smembers(self.keys.stages))
+        if listed:
+            check_stages(self, sorted(text(stage) or "" for stage in listed), {})
 
     def register(self) -> None:
         """Lease the job and list it for the checker (done by :meth:`stage` anyway, before any task writes)."""
@@ -119,10 +130,17 @@ class WriteJob:
 
     def decide(self, outcome: LocalTransactionState, stages: Iterable[str] | Mapping[str, int]) -> JobDecision:
         """Write the job decision (``lua/decide_job.lua``) unless one stands; ``stages`` may map each stage to the
-        rows its attempt staged, which the publishing then checks. Raises :class:`JobNotCommittedError` when a stage
-        to commit is no longer the job's (set aside after its lease passed): nothing is decided."""
+        rows its attempt staged, which the publishing then checks. A COMMIT first checks every stage it names
+        (:func:`.stages.check_stages`: the stages live in their topic streams' slots, out of ``decide_job``'s
+        reach); one missing (expired, deleted after the lease passed) or holding other rows than staged ends the job
+        as :meth:`abort` does and raises :class:`JobNotCommittedError`, nothing published. Raises it too when a
+        stage to commit is no longer the job's (set aside after its lease passed): nothing is decided."""
         rows = {str(stage): int(count) for stage, count in stages.items()} if isinstance(stages, Mapping) else {}
         listed = sorted(rows) if isinstance(stages, Mapping) else sorted(stages)
+        if LocalTransactionState(outcome) is COMMIT and listed:
+            failures = check_stages(self, listed, rows)
+            if failures:
+                return self._refused(failures)
         keys = [self.keys.decision, self.keys.stages] + ([self.keys.sink] if self.keys.sink else [])
         batch = str(self.keys.batch_id) if self.keys.sink else ""
         args = [
@@ -142,6 +160,24 @@ class WriteJob:
         job_decision = self._job_decision(reply)
         registry.list_decided(self, job_decision)
         return job_decision
+
+    def _refused(self, failures: list[str]) -> JobDecision:
+        """A COMMIT refused before it was decided, because a stage to commit is missing (expired, set aside after
+        the lease passed) or holds other rows than its attempt staged: the job is ended as :meth:`abort` ends it,
+        nothing of it published. Returns the job decision that stood before (a COMMIT is published by now); raises
+        :class:`JobNotCommittedError` when the job had none."""
+        reason = "; ".join(failures)
+        logger.warning("write job %s: COMMIT refused, the job is ended: %s", self.job_id, reason)
+        ended = self.abort()
+        if ended.status == "DUPLICATE":  # decided before this call: it stands (a COMMIT is published by now)
+            return ended
+        if ended.status == "DISCARDED":
+            what = "its stages are deleted and its batch id stays free: Spark runs it again"
+        else:
+            what = f"{ended.outcome.value} stands: run it again"
+        raise JobNotCommittedError(
+            f"write job {self.job_id}: not committed, nothing of it was published: {reason}; {what}"
+        )
 
     def _job_decision(self, reply: Any) -> JobDecision:
         """The job decision in a ``decide_job`` reply."""
@@ -246,13 +282,17 @@ class WriteJob:
 
 class LeaseKeeper:
     """Renews a job's lease from a daemon thread every third of ``job_lease`` while a task attempt writes for it
-    (:meth:`start` ... :meth:`stop`): the job stays its driver's however long it runs. Stops by itself once the job
-    is decided. A failed renewal is logged and tried again; the lease has two more thirds to run."""
+    (:meth:`start` ... :meth:`stop`): the job stays its driver's however long it runs. Every quarter of
+    ``stage_lifetime`` it also renews the time to live of every stage the job lists, those of attempts that ended
+    long ago too: a live job's stages never expire, however long its last task runs after its first. Stops by
+    itself once the job is decided. A failed renewal is logged and tried again; the lease has two more thirds to
+    run."""
 
     def __init__(self, job: WriteJob) -> None:
         self.job = job
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"txmq-lease-{job.job_id}", daemon=True)
+        self._stages_kept = time.monotonic()
 
     def start(self) -> None:
         self._thread.start()
@@ -264,9 +304,13 @@ class LeaseKeeper:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        every = self.job.settings.stage_lifetime_ms / 4000
         while not self._stop.wait(self.job.settings.job_lease / 3):
             try:
                 if self.job.lease() is None:
                     return
+                if time.monotonic() - self._stages_kept >= every:
+                    self.job.keep_stages()
+                    self._stages_kept = time.monotonic()
             except TxMQError as exc:
                 logger.warning("write job %s: lease not renewed, trying again: %s", self.job.job_id, exc)
