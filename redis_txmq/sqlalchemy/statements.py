@@ -47,10 +47,14 @@ class Key(TypeDecorator[str]):
     impl = String
     cache_ok = True
 
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
     def load_dialect_impl(self, dialect: Any) -> Any:
         if dialect.name in IGNORE_DIALECTS:
-            return dialect.type_descriptor(mysql.VARBINARY(4 * self.impl.length))
-        return dialect.type_descriptor(String(self.impl.length))
+            return dialect.type_descriptor(mysql.VARBINARY(4 * self.length))
+        return dialect.type_descriptor(String(self.length))
 
     def process_bind_param(self, value: Any, dialect: Any) -> Any:
         if isinstance(value, str) and dialect.name in IGNORE_DIALECTS:
