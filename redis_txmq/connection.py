@@ -164,6 +164,11 @@ async def async_server_info(node: Any, *sections: str) -> dict[str, Any]:
     return info
 
 
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a cluster client, sync or asyncio."""
+    return isinstance(client, RedisCluster) or is_async_cluster(client)
+
+
 def is_async_cluster(client: Any) -> bool:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 

@@ -28,13 +28,15 @@ class TransactionListener(abc.ABC):
         """Answer a check-back for a transaction whose outcome never reached Redis."""
 
 
-def local_state(call: Callable[[], Any], message: Message, what: str) -> tuple[LocalTransactionState, str | None]:
-    """Run a listener method; anything but COMMIT or ROLLBACK is UNKNOWN, with a remark saying why.
+def local_state(
+    method: Callable[..., Any], message: Message, what: str, *args: Any
+) -> tuple[LocalTransactionState, str | None]:
+    """Call a listener method with ``args``; anything but COMMIT or ROLLBACK is UNKNOWN, with a remark saying why.
 
     An exception is logged with the transaction id and kept as the remark; it never escapes, so a throwing
     listener cannot wedge a producer or a check worker (apache/rocketmq #9500)."""
     try:
-        answer = call()
+        answer = method(*args)
     except Exception as exc:  # noqa: BLE001 - the contract: an exception is UNKNOWN, logged, kept
         return state_of_error(exc, message, what)
     return state_of_answer(answer, message, what)

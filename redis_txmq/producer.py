@@ -179,7 +179,7 @@ class TransactionProducer:
             self.listener.execute_local_transaction(message, arg)
         tx = self._prepare(message)
         state, remark = local_state(
-            lambda: self.listener.execute_local_transaction(tx.message, arg), tx.message, "local transaction"
+            self.listener.execute_local_transaction, tx.message, "local transaction", tx.message, arg
         )
         return self._end(tx, state, remark)
 
@@ -197,7 +197,7 @@ class TransactionProducer:
                 tx.send(message)
             first = tx.state.listener_message()
             state, remark = local_state(
-                lambda: self.listener.execute_local_transaction(first, arg), first, "local transaction"
+                self.listener.execute_local_transaction, first, "local transaction", first, arg
             )
             tx.end(state, remark)
         return tx.results

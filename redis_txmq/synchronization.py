@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -127,3 +129,78 @@ class AsyncWorker:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         return self._task.done()
+
+
+class WorkerPool:
+    """Runs calls on at most ``size`` threads, one per key at a time; the keys in hand are the calls queued or
+    running. :meth:`shutdown` lets the running calls finish and returns the keys of those that never started."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._executor = ThreadPoolExecutor(size, thread_name_prefix=name)
+        self._in_hand: dict[str, Future[Any]] = {}
+        self._room = threading.Condition()
+
+    def submit(self, key: str, function: Callable[..., Any], *args: Any) -> None:
+        """Run ``function(*args)`` unless a call of ``key`` is in hand already."""
+        with self._room:
+            if key in self._in_hand:
+                return
+            future = self._executor.submit(function, *args)
+            self._in_hand[key] = future
+        future.add_done_callback(functools.partial(self._done, key))
+
+    def _done(self, key: str, future: Future[Any]) -> None:
+        with self._room:
+            if self._in_hand.get(key) is future and not future.cancelled():
+                del self._in_hand[key]
+            self._room.notify_all()
+
+    def wait_for_room(self, limit: int, timeout: float) -> int:
+        """How many more calls may be in hand below ``limit``; waits up to ``timeout`` while none may."""
+        with self._room:
+            self._room.wait_for(lambda: len(self._in_hand) < limit, timeout)
+            return max(0, limit - len(self._in_hand))
+
+    def shutdown(self) -> list[str]:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._room:
+            return [key for key, future in self._in_hand.items() if future.cancelled()]
+
+
+class AsyncWorkerPool:
+    """:class:`WorkerPool` on asyncio: a task per call, at most ``size`` running at once (the others wait)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._slots = asyncio.Semaphore(size)
+        self._name = name
+        self._in_hand: dict[str, asyncio.Task[Any]] = {}
+        self._started: set[str] = set()
+
+    def submit(self, key: str, function: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        if key in self._in_hand:
+            return
+        task = asyncio.create_task(self._run(key, function, *args), name=f"{self._name}-{key}")
+        self._in_hand[key] = task
+        task.add_done_callback(functools.partial(self._done, key))
+
+    async def _run(self, key: str, function: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        async with self._slots:
+            self._started.add(key)
+            await function(*args)
+
+    def _done(self, key: str, task: asyncio.Task[Any]) -> None:
+        if self._in_hand.get(key) is task:
+            del self._in_hand[key]
+            self._started.discard(key)
+
+    async def wait_for_room(self, limit: int, timeout: float) -> int:
+        if len(self._in_hand) >= limit:
+            await asyncio.wait(list(self._in_hand.values()), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return max(0, limit - len(self._in_hand))
+
+    async def shutdown(self) -> list[str]:
+        waiting = [key for key in self._in_hand if key not in self._started]
+        for key in waiting:
+            self._in_hand[key].cancel()
+        await asyncio.gather(*list(self._in_hand.values()), return_exceptions=True)
+        return waiting

@@ -30,6 +30,7 @@ SHELLS = {
     "redis_txmq/asyncio/consumer.py": "redis_txmq/consumer.py",
     "redis_txmq/asyncio/oneway.py": "redis_txmq/oneway.py",
     "redis_txmq/asyncio/broker.py": "redis_txmq/broker.py",
+    "redis_txmq/asyncio/check_handler.py": "redis_txmq/check_handler.py",
 }
 """asyncio source -> generated sync module."""
 

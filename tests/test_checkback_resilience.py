@@ -144,7 +144,7 @@ def test_a_producer_deletes_an_answered_request_before_it_acks_it(real_client):
     request between them: deleted first, it is still pending then, and the checker counts it as read. Acked first,
     it would be neither pending nor deleted, read as never read, its check given back: a producer that keeps
     answering UNKNOWN would never reach ``check_max``."""
-    from redis_txmq.check_handler import queue_finish
+    from redis_txmq.check_requests import queue_finish
 
     calls: list[str] = []
 

@@ -1,19 +1,22 @@
-"""The asyncio producer's side of the check-back: the twin of :class:`redis_txmq.check_handler.CheckRequestHandler`.
+"""The producer's side of the check-back: answer check requests of its group (RocketMQ's checkTransactionState).
 
-One task reads the group's check-request stream (through the consumer group of the group's live producers); each
-request is answered by its own task, at most ``check_threads`` at a time and ``check_queue_size`` in hand, with the
-request format, the answer and the finishing steps of :mod:`redis_txmq.check_handler`.
+Every live producer instance of a group reads the group's check-request stream through one consumer group, so each
+request goes to one instance; ``listener.check_local_transaction`` runs on a bounded pool of workers (tasks of the
+asyncio producer, threads of the sync one) and the answer goes to the reply stream, which the checkers apply with
+the same end script as the producer. A request left unanswered by an instance that died is taken over by another
+one after ``claim_idle``. What a request is and how it is finished lives in :mod:`redis_txmq.check_requests`; the
+asyncio handler's module is the source, the sync one's is generated from it by ``scripts/unasync.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from .. import entries, tracing
-from ..check_handler import (
+from ..check_requests import (
     READ_BLOCK_MS,
     CheckRequest,
     FailingRegistrations,
@@ -23,7 +26,7 @@ from ..check_handler import (
     read_failed,
 )
 from ..config import Settings
-from ..connection import REDIS_ERRORS, is_async_cluster
+from ..connection import REDIS_ERRORS, is_cluster
 from ..errors import CorruptEntryError, TxMQConnectionError
 from ..groups import (
     Backoff,
@@ -36,14 +39,21 @@ from ..groups import (
 )
 from ..heartbeat import Heartbeat
 from ..keys import PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
+from ..synchronization import AsyncEvent, AsyncWorker, AsyncWorkerPool
 from .listener import local_state
 from .scripts import preload
 
+__all__ = ["AsyncCheckRequestHandler", "Registrations", "queue_finish"]
+
 logger = logging.getLogger(__name__)
+
+ROOM_WAIT = 0.5
+"""How long the reader waits for a worker to free up before it looks at its stop event and heartbeat again."""
 
 
 class AsyncCheckRequestHandler:
-    """Reads check requests of one producer group and answers them with ``listener.check_local_transaction``."""
+    """Reads check requests of one producer group and answers them with ``listener.check_local_transaction`` on at
+    most ``check_threads`` workers, holding at most ``check_queue_size`` requests at once."""
 
     def __init__(
         self,
@@ -61,41 +71,35 @@ class AsyncCheckRequestHandler:
         self.instance_id = instance_id
         self.registrations = registrations
         self.keys = GroupKeys(producer_group)
-        self._cluster = is_async_cluster(client)
+        self._cluster = is_cluster(client)
         self.heartbeat = Heartbeat.of_producer(client, self.keys, instance_id, settings)
         self._walk = TakeoverWalk(self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, instance_id, settings.claim_idle)
-        self._workers = asyncio.Semaphore(settings.check_threads)
-        self._in_hand: dict[str, asyncio.Task[None]] = {}
-        self._answering: set[str] = set()
-        self._stop = asyncio.Event()
-        self._reader: asyncio.Task[None] | None = None
+        self._pool = AsyncWorkerPool(settings.check_threads, f"txmq-check-{producer_group}")
+        self._stop = AsyncEvent()
+        self._reader = AsyncWorker(self._read_loop, name=f"txmq-checks-{producer_group}")
         self._needs_set_up = True
         self._failing = FailingRegistrations(producer_group)
 
     async def start(self) -> None:
-        """Join the group's readers and begin answering; on a cluster whose master of this group's slot is down,
-        the set-up is retried by the reader until it works."""
+        """Join the group's readers and begin answering. On a Redis Cluster whose master of this group's slot is
+        down, the set-up is logged and retried by the reader until it works: the producer can send meanwhile."""
         try:
             await self._set_up()
         except (*REDIS_ERRORS, TxMQConnectionError) as exc:
             if not self._cluster:
                 raise
             logger.warning("group=%s cannot serve check requests yet (%s); retrying", self.producer_group, exc)
-        self._reader = asyncio.create_task(self._read_loop(), name=f"txmq-checks-{self.producer_group}")
+        self._reader.start()
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, timeout: float = 30.0) -> None:
         """Stop reading, let the running checks finish, hand the requests not started back to other instances."""
         self._stop.set()
-        if self._reader is not None:
-            await self._reader
-        waiting = [rid for rid in self._in_hand if rid not in self._answering]
-        for rid in waiting:
-            self._in_hand[rid].cancel()
-        await asyncio.gather(*list(self._in_hand.values()), return_exceptions=True)
+        await self._reader.join(timeout)
+        handed_back = await self._pool.shutdown()
         try:
-            if waiting:
-                await hand_back(self.client, self.keys, self.instance_id, waiting, self.settings.claim_idle)
-                logger.info("group=%s handed back %d check requests", self.producer_group, len(waiting))
+            if handed_back:
+                await hand_back(self.client, self.keys, self.instance_id, handed_back, self.settings.claim_idle)
+                logger.info("group=%s handed back %d check requests", self.producer_group, len(handed_back))
             await self.heartbeat.call("leave")
         except REDIS_ERRORS as exc:
             logger.warning("group=%s could not hand back check requests on shutdown: %s", self.producer_group, exc)
@@ -110,8 +114,10 @@ class AsyncCheckRequestHandler:
         self._needs_set_up = False
 
     async def _beat(self) -> None:
-        """Heartbeat, and re-assert the registries (see the sync handler): Redis that lost its data heals. A
-        registration that fails (its cluster master down) is logged and tried again next beat, the rest goes on."""
+        """Heartbeat, and re-assert the registries (this group, and the producer's ``registrations``: the topic
+        streams it wrote to and its topics' partition counts): a Redis that lost its data (restart without
+        persistence, failover to a lagging replica) heals within a beat. Only the heartbeat's failure fails the
+        beat: a registration that fails (on a cluster master that is down) is logged and tried again next beat."""
         await self.heartbeat.call("beat")
         registrations = self.registrations() if self.registrations is not None else Registrations()
         for what, method, args in registrations.calls(self.producer_group):
@@ -123,16 +129,16 @@ class AsyncCheckRequestHandler:
                 self._failing.succeeded(what)
 
     async def _read_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_beat = loop.time() + self.settings.heartbeat_interval
+        next_beat = time.monotonic() + self.settings.heartbeat_interval
         backoff = Backoff()
         while not self._stop.is_set():
             try:
                 if self._needs_set_up:
                     await self._set_up()
-                if loop.time() >= next_beat:
+                    logger.info("group=%s serving check requests", self.producer_group)
+                if time.monotonic() >= next_beat:
                     await self._beat()
-                    next_beat = loop.time() + self.settings.heartbeat_interval
+                    next_beat = time.monotonic() + self.settings.heartbeat_interval
                 await self._read_once()
                 backoff.reset()
             except Exception as exc:  # noqa: BLE001 - the reader must outlive any failure: it answers check-backs
@@ -140,15 +146,11 @@ class AsyncCheckRequestHandler:
                 if delay is None:
                     self._needs_set_up = True
                     continue
-                try:
-                    await asyncio.wait_for(self._stop.wait(), delay)
-                except asyncio.TimeoutError:
-                    pass
+                await self._stop.wait(delay)
 
     async def _read_once(self) -> None:
-        room = self.settings.check_queue_size - len(self._in_hand)
-        if room <= 0:
-            await asyncio.wait(list(self._in_hand.values()), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+        room = await self._pool.wait_for_room(self.settings.check_queue_size, ROOM_WAIT)
+        if room == 0:
             return
         count = min(room, 100)
         if self._walk.due():
@@ -177,38 +179,32 @@ class AsyncCheckRequestHandler:
             if fields is None:  # deleted while pending
                 await self.client.xack(self.keys.check_requests, PRODUCERS_CONSUMER_GROUP, request_id)
                 continue
-            if request_id not in self._in_hand:
-                task = asyncio.create_task(self._answer(request_id, fields))
-                self._in_hand[request_id] = task
-                task.add_done_callback(lambda _, rid=request_id: self._done(rid))
-
-    def _done(self, request_id: str) -> None:
-        self._in_hand.pop(request_id, None)
-        self._answering.discard(request_id)
+            self._pool.submit(request_id, self._answer, request_id, fields)
 
     async def _answer(self, request_id: str, raw: Any) -> None:
-        async with self._workers:
-            self._answering.add(request_id)
-            try:
-                request = CheckRequest.parse(self.producer_group, request_id, raw)
-            except CorruptEntryError as exc:
-                logger.error("group %r, check request %s skipped: %s", self.producer_group, request_id, exc)
-                await self._finish(request_id, None)
-                return
-            message = request.message
-            with request.span() as span:
-                state, remark = await local_state(
-                    self.listener.check_local_transaction, message, "check_local_transaction", message
-                )
-                tracing.set_state(span, state)
-            try:
-                await self._finish(request_id, request.answer(self.instance_id, state, remark))
-            except REDIS_ERRORS as exc:
-                request.answer_failed(exc)
-            logger.debug("tx=%s topic=%s answered check: %s", message.transaction_id, message.topic, state.value)
+        try:
+            request = CheckRequest.parse(self.producer_group, request_id, raw)
+        except CorruptEntryError as exc:
+            logger.error("group %r, check request %s skipped: %s", self.producer_group, request_id, exc)
+            await self._finish(request_id)
+            return
+        message = request.message
+        with request.span() as span:
+            state, remark = await local_state(
+                self.listener.check_local_transaction, message, "check_local_transaction", message
+            )
+            tracing.set_state(span, state)
+        try:
+            await self._finish(request_id, request.answer(self.instance_id, state, remark))
+        except REDIS_ERRORS as exc:
+            request.answer_failed(exc)
+        logger.debug("tx=%s topic=%s answered check: %s", message.transaction_id, message.topic, state.value)
 
-    async def _finish(self, request_id: str, reply: dict[str, Any] | None) -> None:
-        """The answer, then the request's ack and delete (one MULTI on standalone; two steps on a cluster)."""
+    async def _finish(self, request_id: str, reply: dict[str, Any] | None = None) -> None:
+        """Send the answer, then delete and acknowledge the request: never the request gone without its answer.
+
+        Standalone: one MULTI / EXEC (a refused XADD, e.g. out of memory, discards the whole of it). Cluster: the
+        two streams live in different slots, so the answer first, the rest after it succeeded."""
         if reply is not None and self._cluster:
             await self.client.xadd(REPLY_STREAM, reply)
             reply = None
