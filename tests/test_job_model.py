@@ -4,13 +4,14 @@ checker's settler on a real redis-server through random interleavings of batch j
 streaming sink: task attempts that stage rows (some fail, some are speculative duplicates), the driver's commit of
 one attempt per partition, a commit that raises right after its decision (then Spark's abort, or the driver dies),
 an abort, a driver that dies, a lease that passes (of a dead driver, or of one that stalled), check rounds, a
-replayed micro-batch (also once its decision expired), a stage entry XADD would refuse, and a stage that expires
-before its job is decided. A plain Python model
-says which rows may be visible; after every step:
+replayed micro-batch (also once its decision expired), a stage entry XADD would refuse, a stage that expires before
+its job is decided, and a checker that pauses between setting a micro-batch's stages aside and settling it. A plain
+Python model says which rows may be visible; after every step:
 
 - no row is visible twice;
 - a visible row belongs to an attempt of a job decided COMMIT, one the driver committed;
-- a COMMIT naming a stage that expired is refused before it is decided: nothing of that job is published.
+- a COMMIT naming a stage that expired is refused before it is decided: nothing of that job is published;
+- a checker settling a discarded run never unlists a replay's decision (at quiescence every COMMIT is published).
 
 and at quiescence (every driver gone, every lease passed, the settler run until nothing is due): every job all or
 nothing, a committed one fully published (one with an unpublishable stage parked for an operator, nothing of it
@@ -129,6 +130,8 @@ class JobModel(RuleBasedStateMachine):
         self.jobs: list[Job] = []
         self.micro: dict[int, Job] = {}
         self.runs: list[Run] = []
+        self.paused: list[tuple[Job, WriteJob, Any]] = []
+        """Checkers paused between their look at a job (its stages set aside) and their settling of it."""
         self.checkpoint = -1
         """The last micro-batch the query's checkpoint recorded as committed (its commit returned)."""
         self.counter = 0
@@ -401,6 +404,32 @@ class JobModel(RuleBasedStateMachine):
                     job.decided = "ROLLBACK"
                 job.lease_passed = False
 
+    @precondition(lambda self: any(job.micro and job.decided is None and job.lease_passed for job in self.jobs))
+    @rule(data=st.data())
+    def a_checker_pauses_before_settling(self, data: st.DataObject) -> None:
+        """A checker sets aside the stages of a micro-batch whose lease passed, then pauses before it deletes them
+        and unlists the job: a replay of the batch may lease, decide COMMIT and die meanwhile."""
+        jobs = [job for job in self.jobs if job.micro and job.decided is None and job.lease_passed]
+        job = data.draw(st.sampled_from(jobs), label="job")
+        checker = WriteJob(self.client, job.keys, CHECKER)
+        status, job_decision, _ = checker.expire()
+        if status != "DISCARDED" or job_decision is None:
+            checker.close()
+            return
+        job.set_aside |= set(job.attempts)
+        job.lease_passed = False
+        self.paused.append((job, checker, job_decision))
+
+    @precondition(lambda self: self.paused)
+    @rule(data=st.data())
+    def a_paused_checker_settles(self, data: st.DataObject) -> None:
+        """It deletes the stages it set aside and unlists the job, unless another run of it is not settled."""
+        job, checker, job_decision = self.paused.pop(data.draw(st.integers(0, len(self.paused) - 1), label="paused"))
+        try:
+            checker.settle(job_decision)
+        finally:
+            checker.close()
+
     @precondition(
         lambda self: any(a.rows and a.message for j in self.jobs if j.decided is None for a in j.attempts.values())
     )
@@ -476,7 +505,14 @@ class JobModel(RuleBasedStateMachine):
         assert set(rows) <= committed, f"visible, never committed: {sorted(set(rows) - committed)}"
 
     def teardown(self) -> None:
-        """Quiescence: every driver gone, every lease passed, the settler run until nothing is due."""
+        """Quiescence: every driver gone, every paused checker done, every lease passed, the settler run until
+        nothing is due."""
+        while self.paused:
+            _, checker, job_decision = self.paused.pop()
+            try:
+                checker.settle(job_decision)
+            finally:
+                checker.close()
         for job in self.jobs:
             if job.decided is None:
                 self._lease_passes(job)

@@ -407,3 +407,25 @@ def test_a_decided_job_behind_many_undecided_ones_is_settled_in_one_round(client
     assert bodies(client, "orders") == ["p0-0", "p0-1"]
     assert client.zcard(JOB_REGISTRY) == 150
     assert client.zcount(JOB_REGISTRY, "-inf", listed_first) == 0, "each was looked at, and listed for its lease's end"
+
+
+def test_a_replay_that_decides_while_the_checker_settles_the_discarded_run_stays_listed(client):
+    """The checker finds micro-batch 7's lease passed and sets its stages aside; before it has settled them, the
+    restarted query replays batch 7, decides COMMIT (listing it) and its driver dies. The checker's settling of the
+    discarded run must not unlist the replay's decision: the checker publishes it later. (It used to unlist it, and
+    re-list only a job holding a lease: the COMMIT stood, never published.)"""
+    settings = Settings(job_lease=0.2, transaction_timeout=0)
+    first = WriteJob.micro_batch(client, "race-sink", 7, settings)
+    stage_rows(client, first, "orders", "run1", 2)  # its driver dies before committing
+    client.hset(first.keys.decision, "lease_ms", 1)  # what time does: its lease passed
+    checker = WriteJob.micro_batch(client, "race-sink", 7, settings)
+    status, discarded, _ = checker.expire()
+    assert status == "DISCARDED" and discarded is not None
+    replay = WriteJob.micro_batch(client, "race-sink", 7, settings)
+    staged = stage_rows(client, replay, "orders", "run2", 3)
+    assert replay.decide(COMMIT, {staged: 3}).status == "DECIDED"  # the replay's driver dies here
+    checker.settle(discarded)
+    assert client.zscore(JOB_REGISTRY, replay.keys.decision) is not None, "the replay's decision stays listed"
+    wait_until(lambda: settle_jobs(client, settings) == 1)
+    assert bodies(client, "orders") == ["run2-0", "run2-1", "run2-2"]
+    assert client.zcard(JOB_REGISTRY) == 0 and not list(client.scan_iter(match="txmq:*:stage:*"))

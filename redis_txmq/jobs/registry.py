@@ -36,12 +36,21 @@ def list_decided(job: WriteJob, job_decision: JobDecision) -> None:
         list_job(job, job_decision.decided_ms + int(job.settings.transaction_timeout * 1000))
 
 
-def unlist(job: WriteJob) -> None:
-    """Unlist the settled job; a micro-batch that a replay leased meanwhile is listed again with its lease."""
+def unlist(job: WriteJob, settled: JobDecision) -> None:
+    """Unlist the job settled by ``settled``; list it again when its record says another run of it is not settled:
+    a lease (a micro-batch that a replay leased meanwhile) or a job decision other than ``settled`` (a replay that
+    decided COMMIT meanwhile, its driver maybe gone), for when the checker should look at it.
+
+    The registry and the record are in different hash slots (one script cannot judge both on a cluster), so the
+    record is read after the removal: a run that changed the record before the read is listed again here, and one
+    that changes it after lists itself after its own script (a lease, a job decision), so neither is ever left
+    unlisted."""
     job._do("unlist", lambda: job.client.zrem(JOB_REGISTRY, job.keys.decision))
-    lease = job._do("read its lease", lambda: job.client.hget(job.keys.decision, "lease_ms"))
+    lease, decided = job._do("read its record", lambda: job.client.hmget(job.keys.decision, "lease_ms", "decided_ms"))
     if lease is not None:  # only an undecided job holds one
         list_job(job, int(lease))
+    elif decided is not None and int(decided) != settled.decided_ms:
+        list_job(job, int(decided) + int(job.settings.transaction_timeout * 1000))
 
 
 def park(job: WriteJob, reason: str) -> None:

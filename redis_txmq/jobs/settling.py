@@ -17,7 +17,7 @@ from ..connection import REDIS_ERRORS
 from ..errors import TxMQError, UnpublishableJobError
 from ..keys import JobKeys
 from . import registry
-from .driver import WriteJob
+from .driver import ROLLBACK, JobDecision, WriteJob
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def _settle_due(client: Any, job_key: str, settings: Settings, now_ms: int) -> i
         if later is not None:
             registry.list_job(job, later)
             return 0
-        if job_decision is None:
-            registry.unlist(job)
+        if job_decision is None:  # nothing left of it (GONE)
+            registry.unlist(job, JobDecision(ROLLBACK, [], "GONE"))
             return 0
         if status == "DECIDED":
             logger.warning("write job %s: its lease passed with no job decision: rolled back", keys.job_id)

@@ -125,7 +125,7 @@ def settle_by_job_decision(job: WriteJob, job_decision: JobDecision) -> int:
         )
     keep = set(job_decision.stages) if job_decision.outcome is COMMIT else set()
     delete_stages(job, keep, aside_only=job_decision.status == "DISCARDED")
-    registry.unlist(job)
+    registry.unlist(job, job_decision)
     return published
 
 
