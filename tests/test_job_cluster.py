@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 
 from redis_txmq import create_topic
 from redis_txmq.jobs import WriteJob
-from redis_txmq.keys import JobKeys, TopicKeys
+from redis_txmq.keys import JOB_REGISTRY, JobKeys, TopicKeys, topic_meta_key
 
 if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # the tasks and drivers are the Spark writer's code (no SparkSession)
     pytest.importorskip("pyspark", reason="the writer's code needs the spark extra: pip install -e '.[spark,dev]'")
@@ -25,6 +25,8 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
 
 from spark_connector.writer import parse_write_options, write_rows  # noqa: E402
+
+from .test_cluster_master_down import OneMasterDown, one_master_down_of  # noqa: E402
 
 pytestmark = pytest.mark.real
 
@@ -77,3 +79,51 @@ def test_a_stage_write_sent_again_after_its_reply_was_lost_stages_its_rows_once(
         assert bodies(client, TopicKeys(topic).topic_stream) == [f"row-{n}" for n in range(5)]
     finally:
         client.close()
+
+
+def _on_healthy(down: OneMasterDown, make: Any) -> Any:
+    """The first of ``make(i)`` whose keys are all on healthy masters (``make`` returns (value, keys))."""
+    for i in range(1000):
+        value, keys = make(i)
+        if not any(down.on_victim(key) for key in keys):
+            return value
+    raise AssertionError("no such name")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("down_master", ["registry", "other"])
+def test_a_write_job_on_healthy_masters_runs_while_one_master_is_down(down_master):
+    """One master of the cluster is down: the one of the job registry (``txmq:jobs``), or one holding none of the
+    job's keys on a cluster whose scripts were never loaded (a new cluster, a restart, a failover). A job whose
+    record, stages and topic stream live on the healthy masters is staged, committed and published: the listing is
+    best effort (a live driver settles its own job), and each script is loaded on its key's own master. Both used
+    to fail every job ("could not list"; redis-py loading the scripts on every master)."""
+    with one_master_down_of(JOB_REGISTRY if down_master == "registry" else None) as down:
+        client = down.cluster
+        topic = _on_healthy(down, lambda i: (f"up-{i}", [TopicKeys(f"up-{i}").topic_stream, topic_meta_key(f"up-{i}")]))
+        create_topic(client, topic, 1)
+        keys = _on_healthy(down, lambda i: (JobKeys(f"{i:032x}"), [JobKeys(f"{i:032x}").decision]))
+        if down_master == "other":  # the scripts were never loaded
+            for node in client.get_primaries():
+                client.execute_command("SCRIPT FLUSH", target_nodes=node)
+        else:  # a first job while every master is up: the scripts are loaded everywhere
+            first = JobKeys(uuid.uuid4().hex)
+            job = WriteJob(client, first)
+            try:
+                job.commit(task(writer_options(down.url, topic), first, ["w0"]).counts)
+            finally:
+                job.close()
+            client.delete(TopicKeys(topic).topic_stream)
+        down.goes_down()
+        survivors = RedisCluster.from_url(down.url)
+        try:
+            staged = task(writer_options(down.url, topic), keys, ["x0", "x1"])
+            job = WriteJob(survivors, keys)
+            try:
+                assert job.commit(staged.counts).status == "DECIDED"
+            finally:
+                job.close()
+            assert bodies(survivors, TopicKeys(topic).topic_stream) == ["x0", "x1"]
+            assert not survivors.exists(*staged.stages)
+        finally:
+            survivors.close()

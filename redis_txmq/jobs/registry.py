@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..entries import text
+from ..errors import TxMQConnectionError
 from ..keys import JOB_REGISTRY
 
 if TYPE_CHECKING:
@@ -26,8 +27,16 @@ def due(client: Any, now_ms: int, limit: int) -> list[str]:
 
 
 def list_job(job: WriteJob, due_ms: int) -> None:
-    """List the job for the checker at ``due_ms`` (server ms)."""
-    job._do("list", lambda: job.client.zadd(JOB_REGISTRY, {job.keys.decision: due_ms}))
+    """List the job for the checker at ``due_ms`` (server ms); best effort: on a cluster whose master of
+    ``txmq:jobs`` is unreachable the job goes on without it (logged). The listing is only for the checker, which
+    settles what a dead driver left: a live driver settles its job itself (commit, abort), every lease renewal of a
+    running task lists the job again, and the driver lists it again after its decision."""
+    try:
+        job._do("list", lambda: job.client.zadd(JOB_REGISTRY, {job.keys.decision: due_ms}))
+    except TxMQConnectionError as exc:
+        logger.warning(
+            "write job %s: not listed in %s for now (its driver settles it): %s", job.job_id, JOB_REGISTRY, exc
+        )
 
 
 def list_decided(job: WriteJob, job_decision: JobDecision) -> None:
@@ -45,7 +54,11 @@ def unlist(job: WriteJob, settled: JobDecision) -> None:
     record is read after the removal: a run that changed the record before the read is listed again here, and one
     that changes it after lists itself after its own script (a lease, a job decision), so neither is ever left
     unlisted."""
-    job._do("unlist", lambda: job.client.zrem(JOB_REGISTRY, job.keys.decision))
+    try:
+        job._do("unlist", lambda: job.client.zrem(JOB_REGISTRY, job.keys.decision))
+    except TxMQConnectionError as exc:  # listed still: the checker looks at the settled job once too often
+        logger.warning("write job %s: settled, not unlisted from %s: %s", job.job_id, JOB_REGISTRY, exc)
+        return
     lease, decided = job._do("read its record", lambda: job.client.hmget(job.keys.decision, "lease_ms", "decided_ms"))
     if lease is not None:  # only an undecided job holds one
         list_job(job, int(lease))
