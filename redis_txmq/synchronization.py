@@ -204,3 +204,49 @@ class AsyncWorkerPool:
             self._in_hand[key].cancel()
         await asyncio.gather(*list(self._in_hand.values()), return_exceptions=True)
         return waiting
+
+
+class Background:
+    """Work that outlives the call that started it: on asyncio a task that a shutdown waits for; a sync call has
+    run by the time it is handed here (nothing runs in the background), so this only passes its value on."""
+
+    def spawn(self, value: Any) -> Any:
+        return value
+
+    def wait(self) -> None:
+        """Nothing is under way."""
+
+
+class AsyncBackground:
+    """Tasks started by calls that may be cancelled (an end call under way, a failed send's marking); :meth:`wait`
+    waits for those still running (a producer's shutdown)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def spawn(self, work: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def async_shield(work: Any) -> Any:
+    """``asyncio.shield``: the work goes on when the caller is cancelled."""
+    return await asyncio.shield(work)
+
+
+def shield(value: Any) -> Any:
+    """A sync call cannot be cancelled half-way: its value, as it is."""
+    return value
+
+
+AsyncCancelled = asyncio.CancelledError
+"""What a cancelled asyncio call raises."""
+
+
+class Cancelled(BaseException):
+    """Never raised: a sync call is not cancelled (the twin of ``asyncio.CancelledError`` in generated code)."""

@@ -31,6 +31,8 @@ SHELLS = {
     "redis_txmq/asyncio/oneway.py": "redis_txmq/oneway.py",
     "redis_txmq/asyncio/broker.py": "redis_txmq/broker.py",
     "redis_txmq/asyncio/check_handler.py": "redis_txmq/check_handler.py",
+    "redis_txmq/asyncio/transaction.py": "redis_txmq/transaction.py",
+    "redis_txmq/asyncio/producer.py": "redis_txmq/producer.py",
 }
 """asyncio source -> generated sync module."""
 

@@ -1,15 +1,17 @@
-"""The transactional producer for asyncio services: the twin of :class:`redis_txmq.TransactionProducer`.
+"""The transactional producer (RocketMQ's TransactionMQProducer).
 
 The steps of a send (:mod:`redis_txmq.sending`), the scripts' arguments and replies (:mod:`redis_txmq.protocol`) and
-the check-request format are the sync producer's; only the I/O is awaited. Cancellation is an outcome, never a loss:
-cancelled before the half message is written, nothing is written; during the local transaction, the transaction
-stays in flight for the check-back (never a blind COMMIT or ROLLBACK); during the end call, the end goes on in the
-background (shielded) and, should it fail, the check-back resolves it.
+the check-request format (:mod:`redis_txmq.check_requests`) are written once; this module does the I/O between them.
+The asyncio producer's module is the source, the sync one's is generated from it by ``scripts/unasync.py``.
+
+On asyncio, cancellation is an outcome, never a loss: cancelled before the half message is written, nothing is
+written; during the local transaction, the transaction stays in flight for the check-back (never a blind COMMIT or
+ROLLBACK); during the end call, the end goes on in the background (shielded) and, should it fail, the check-back
+resolves it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,45 +19,53 @@ from types import TracebackType
 from typing import Any
 
 from .. import tracing
-from ..check_handler import Registrations
 from ..config import Settings
 from ..connection import REDIS_ERRORS, instance_id, resolve_client
 from ..errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from ..keys import topic_meta_key
-from ..listener import TransactionListener as SyncTransactionListener
+from ..listener import TransactionListener as SyncTransactionListener  # async-only
 from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
 from ..protocol import EndCall, EndSource, RecordAction, TransactionRecord
-from ..sending import (
-    CheckerListener,
-    HandleState,
-    InFlight,
-    ManyHandleState,
-    ManyState,
-    listener_of,
-    new_send,
-    outcome_of_block,
-    routing_error,
-)
+from ..sending import CheckerListener, InFlight, ManyState, listener_of, new_send, routing_error
+from ..synchronization import AsyncBackground, AsyncCancelled, AsyncLock, async_shield
 from ..topics import PartitionRouter, count_of
 from .broker import AsyncRedisBroker
-from .check_handler import AsyncCheckRequestHandler
+from .check_handler import AsyncCheckRequestHandler, Registrations
 from .listener import TransactionListener, local_state
 from .oneway import AsyncEndFlusher
+from .transaction import AsyncTransaction, AsyncTransactionOfMany
 
 logger = logging.getLogger(__name__)
 
-Listener = TransactionListener | SyncTransactionListener
+Listener = TransactionListener | SyncTransactionListener  # async-only
+# sync-only: Listener = TransactionListener
+LISTENER_TYPES = (TransactionListener, SyncTransactionListener)  # async-only
+# sync-only: LISTENER_TYPES = (TransactionListener,)
+
+
+class _State:
+    CREATED = "created"
+    RUNNING = "running"
+    SHUT_DOWN = "shut down"
 
 
 class TransactionProducer:
-    """Sends messages in transactions from asyncio code; while started it answers check-backs of its group.
+    """Sends messages in transactions: half message, local transaction, then an atomic commit or rollback.
+    While started, it also answers check-backs of its group (``listener.check_local_transaction``).
 
-    Takes an asyncio :class:`TransactionListener` (a sync :class:`redis_txmq.TransactionListener` works too: its
-    methods run in a thread), or only ``checker=`` for a producer used through :meth:`transaction` handles. Pass
-    ``redis_url`` or ``client`` (a ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster`` with
-    ``decode_responses=False``). ``oneway_end=True`` queues end calls for a background task (:meth:`flush`).
-    ``durability`` (``"master"``, ``"replica"`` or ``"aof"``) overrides ``settings.durability`` for this producer
-    (:mod:`redis_txmq.durability`).
+    Pass ``redis_url`` or ``client`` (a ``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster`` with
+    ``decode_responses=False``); with neither, ``TXMQ_REDIS_URL`` or the default URL is used. The sync producer is
+    thread-safe: one producer may be shared by the threads of a service. The asyncio producer takes an asyncio
+    :class:`TransactionListener` or a sync one (its methods run in a thread), or only ``checker=`` for a producer
+    used through :meth:`transaction` handles.
+
+    With ``oneway_end=True`` a send returns right after the local transaction and the end call is queued
+    for a background flusher that pipelines them (RocketMQ's ``endTransactionOneway``); :meth:`flush`
+    waits until they are applied and :meth:`shutdown` flushes. An end lost with the process is resolved by
+    the check-back, as any end that never arrived.
+
+    ``durability`` (``"master"``, ``"replica"`` or ``"aof"``) overrides ``settings.durability`` for this producer:
+    what a prepare and an end wait for before they count as done (:mod:`redis_txmq.durability`).
     """
 
     def __init__(
@@ -71,12 +81,21 @@ class TransactionProducer:
         durability: str | None = None,
     ) -> None:
         self.producer_group = validate_name(producer_group, "producer group")
-        self.listener: Any = listener_of(
-            producer_group, listener, checker, (TransactionListener, SyncTransactionListener)
-        )
+        self.listener: Any = listener_of(producer_group, listener, checker, LISTENER_TYPES)
         if durability is not None:  # checked by Settings (a ConfigurationError names the levels) before connecting
             settings = replace(settings if settings is not None else Settings.from_env(), durability=durability)
-        self.client, self.settings, self._owns_client = resolve_client(redis_url, client, settings, asyncio=True)
+        try:
+            self.client, self.settings, self._owns_client = resolve_client(
+                redis_url,
+                client,
+                settings,
+                asyncio=True,  # async-only
+            )
+        except REDIS_ERRORS as exc:  # a sync cluster client connects when it is made
+            raise TxMQConnectionError(
+                f"producer group {self.producer_group!r}: could not connect to Redis: {exc}; check redis_url (or "
+                "TXMQ_REDIS_URL) and that Redis is reachable, then create the producer again"
+            ) from exc
         self.broker = AsyncRedisBroker(self.client, self.settings)
         self.instance_id = instance_id("producer")
         self._check_handler = AsyncCheckRequestHandler(
@@ -85,41 +104,65 @@ class TransactionProducer:
         self._router = PartitionRouter(self.client)
         self.oneway_end = oneway_end
         self._flusher = AsyncEndFlusher(self.broker, self.settings, self.producer_group) if oneway_end else None
-        self._running = False
-        self._shut_down = False
-        self._ending: set[asyncio.Task[Any]] = set()
+        self._state = _State.CREATED
+        self._lock = AsyncLock()
+        self._background = AsyncBackground()
 
     async def start(self) -> TransactionProducer:
-        """Load the scripts and begin serving check requests. Raises :class:`TxMQConnectionError` when Redis cannot
-        be reached; a shut-down producer cannot restart."""
-        if self._shut_down:
-            raise ProducerStateError(
-                f"producer group {self.producer_group!r}: this producer was shut down; create a new one"
-            )
-        if not self._running:
-            await self.broker.load_scripts()
-            try:
-                await self._check_handler.start()
-            except REDIS_ERRORS as exc:
-                raise TxMQConnectionError(
-                    f"producer group {self.producer_group!r}: could not start serving check requests: {exc}"
-                ) from exc
-            if self._flusher is not None:
-                self._flusher.start()
-            self._running = True
+        """Load the scripts and begin accepting sends and serving check requests. Idempotent while running; a
+        shut-down producer cannot restart. Raises :class:`TxMQConnectionError` when Redis cannot be reached."""
+        async with self._lock:
+            if self._state == _State.SHUT_DOWN:
+                raise ProducerStateError(
+                    f"producer group {self.producer_group!r}: this producer was shut down; create a new one"
+                )
+            if self._state == _State.CREATED:
+                await self.broker.load_scripts()
+                try:
+                    await self._check_handler.start()
+                except REDIS_ERRORS as exc:
+                    raise TxMQConnectionError(
+                        f"producer group {self.producer_group!r}: could not start serving check requests: {exc}"
+                    ) from exc
+                if self._flusher is not None:
+                    self._flusher.start()
+            self._state = _State.RUNNING
         return self
 
+    def _registrations(self) -> Registrations:
+        """Re-asserted with every heartbeat: the topic streams this producer wrote to (the checker walks them) and
+        the partition counts of its topics (a producer started after Redis lost them would write every message to
+        one partition)."""
+        return Registrations(self.broker.registered_streams(), self._router.partitioned_topics())
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every end a one-way producer queued before this call has been applied (or has failed,
+        which the log says and the check-back repairs); sends of other threads meanwhile are not waited for.
+        False if ``timeout`` seconds passed first; True at once for a producer that is not one-way."""
+        if self._flusher is None:
+            return True
+        return await self._flusher.flush(timeout)
+
+    @property
+    def pending_ends(self) -> int:
+        """Ends a one-way producer has queued and not yet applied."""
+        return 0 if self._flusher is None else self._flusher.pending
+
     async def shutdown(self) -> None:
-        """Stop sending and answering: queued one-way ends and ends under way are applied, running checks finish,
-        queued check requests are handed back. Closes the client the producer made itself."""
-        if self._shut_down:
-            return
-        was_running, self._running, self._shut_down = self._running, False, True
+        """Stop accepting sends and check requests: queued one-way ends and ends under way are applied, running
+        checks finish, queued check requests are handed back to the group's other instances. Releases the
+        connection pool the producer made itself."""
+        async with self._lock:
+            if self._state == _State.SHUT_DOWN:
+                return
+            was_running = self._state == _State.RUNNING
+            self._state = _State.SHUT_DOWN
         if was_running:
             if self._flusher is not None:
                 await self._flusher.close()
-            await asyncio.gather(*self._ending, return_exceptions=True)
+            await self._background.wait()
             await self._check_handler.shutdown()
+        await self.broker.close()
         if self._owns_client:
             await self.client.aclose()
 
@@ -131,17 +174,16 @@ class TransactionProducer:
     ) -> None:
         await self.shutdown()
 
-    async def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every end a one-way producer queued before this call was applied; True at once otherwise."""
-        return True if self._flusher is None else await self._flusher.flush(timeout)
-
-    @property
-    def pending_ends(self) -> int:
-        return 0 if self._flusher is None else self._flusher.pending
-
     async def send_message_in_transaction(self, message: Message, arg: Any = None) -> TransactionSendResult:
-        """Prepare the half message, run the local transaction, then commit or roll back (see the sync producer).
-        A task cancelled here: see the module's docstring."""
+        """Prepare the half message, run the local transaction, then commit or roll back.
+
+        The send works on its own copy of ``message`` (the listener receives that copy, with ``transaction_id``
+        set); the caller's object is left unchanged, so concurrent sends may share one ``Message``.
+
+        Raises :class:`InvalidMessageError` (nothing written) or :class:`PrepareError` (the local transaction
+        did not run). Once the local transaction has run, the result is always returned: a failed end call is
+        logged and reported in ``end_error``, and the check-back resolves the transaction.
+        """
         if isinstance(self.listener, CheckerListener):
             self.listener.execute_local_transaction(message, arg)
         tx = await self._prepare(message)
@@ -153,7 +195,10 @@ class TransactionProducer:
     async def send_messages_in_transaction(
         self, messages: list[Message], arg: Any = None
     ) -> list[TransactionSendResult]:
-        """Several messages in one transaction: all become visible, each once, or none (see the sync producer)."""
+        """Several messages, possibly on several topics, in one transaction: all become visible, each once, or
+        none. Their half messages are written first (:class:`PrepareError`: the local transaction did not run,
+        and those written are rolled back), then the listener runs once with the first message carrying the
+        transaction's id; the check-back asks about that id. Returns one result per message, in order."""
         if not messages:
             raise InvalidMessageError(f"producer group {self.producer_group!r}: no messages to send")
         if isinstance(self.listener, CheckerListener):
@@ -170,17 +215,22 @@ class TransactionProducer:
 
     def transaction(self, message: Message | None = None) -> AsyncTransaction | AsyncTransactionOfMany:
         """A transaction handle: ``async with producer.transaction(message) as tx:`` writes the half message, the
-        block is the local transaction, leaving it commits (rolls back when it raised; leaves the transaction to
-        the check-back when it was cancelled). Without a message, the block sends its messages with
-        ``await tx.send(message)``: all of them become visible at the end, each once, or none does."""
+        block is the local transaction (store ``tx.transaction_id`` with its data), and leaving it commits — or
+        rolls back when the block raised. The check-back asks the listener's ``check_local_transaction`` (or
+        ``checker``).
+
+        Without a message, the transaction holds the messages the block sends with ``await tx.send(message)``
+        (each half message is written by that call, before the local transaction commits): all of them become
+        visible at the end, each once, or none does.
+        """
         if message is None:
             return AsyncTransactionOfMany(self)
         return AsyncTransaction(self, message)
 
     async def _prepare(self, message: Message, of: ManyState | None = None) -> InFlight:
-        if not self._running:
+        if self._state != _State.RUNNING:
             raise ProducerStateError(
-                f"producer group {self.producer_group!r}: await start() (or use `async with`) before sending"
+                f"producer group {self.producer_group!r}: call `await start()` (or use `async with`) before sending"
             )
         if of is None:
             sent = new_send(self.producer_group, message, self.settings.max_message_size)
@@ -207,23 +257,18 @@ class TransactionProducer:
             if of is None:
                 raise
             of.send_failed(sent, keys)
-            if not isinstance(exc, Exception):  # cancelled: mark it in the background (shutdown() waits for it)
-                self._in_background(self._void_failed_sends(of))
+            if not isinstance(exc, Exception):  # interrupted: marked in the background (shutdown() waits for it)
+                self._background.spawn(self._void_failed_sends(of))
                 raise
             raise of.failed_send_error(sent, exc, await self._void_failed_sends(of)) from exc
         if of is not None:
             of.parts.append(in_flight)
         return in_flight
 
-    def _in_background(self, work: Any) -> asyncio.Future[Any]:
-        task = asyncio.ensure_future(work)
-        self._ending.add(task)
-        task.add_done_callback(self._ending.discard)
-        return task
-
     async def _void_failed_sends(self, many: ManyState, raise_error: bool = False) -> TransactionRecord | None:
-        """Mark the sends that did not return in the record, then roll back their half messages (see the sync
-        producer); None when the record could not be written."""
+        """Mark the sends of ``many`` that did not return in its record (they are never published), then roll back
+        the half messages they may have written. Returns the record, or None when it could not be written (then
+        ``raise_error`` raises: no further message may be sent before the failed ones are marked)."""
         if raise_error and many.decided_by_other is not None:
             raise many.decided_while_open(many.decided_by_other)
         pending = set(many.unvoided)
@@ -265,16 +310,18 @@ class TransactionProducer:
     async def _end_many(
         self, many: ManyState, state: LocalTransactionState, remark: str | None
     ) -> list[TransactionSendResult]:
-        """Decide once, then end every message with the decision (see the sync producer). Shielded: once the
-        decision is under way, a cancelled caller does not stop it half-way (the check-back would finish it)."""
+        """Decide once (with the sends that did not return, never published), then end every message with the
+        decision in one batch. A decision that cannot be written leaves every message in flight: the check-back
+        asks about the transaction's id. Shielded on asyncio: once the decision is under way, a cancelled caller
+        does not stop it half-way (the check-back would finish it)."""
         ended: Any = None
         if many.decides(state):
             try:
-                state, ended = await asyncio.shield(self._decide_and_end(many, state, remark))
+                state, ended = await async_shield(self._decide_and_end(many, state, remark))
             except TxMQError as exc:
                 ended = exc
         elif many.failed:
-            await asyncio.shield(self._void_failed_sends(many))
+            await async_shield(self._void_failed_sends(many))
         return many.finish(state, remark, ended)
 
     async def _decide_and_end(
@@ -324,12 +371,11 @@ class TransactionProducer:
             except TxMQError as exc:
                 return tx.result(state, remark, end_error=tx.end_failed(state, exc))
             return tx.result(state, remark, end_queued=True)
-        ending = self._in_background(self._apply(end))
         try:
-            committed_id = await asyncio.shield(ending)
+            committed_id = await async_shield(self._background.spawn(self._apply(end)))
         except TxMQError as exc:
             return tx.result(state, remark, end_error=tx.end_failed(state, exc))
-        except asyncio.CancelledError:
+        except AsyncCancelled:
             if on_cancel is not None:
                 on_cancel(
                     tx.result(
@@ -343,7 +389,7 @@ class TransactionProducer:
         return tx.result(state, remark, committed_id=committed_id)
 
     async def _apply(self, end: EndCall) -> str | None:
-        """The end call; runs to its end even when the send that started it was cancelled (it is shielded)."""
+        """The end call; on asyncio it runs to its end even when the send that started it was cancelled."""
         result = await self.broker.end_transaction(
             end.keys,
             end.transaction_id,
@@ -354,78 +400,3 @@ class TransactionProducer:
             half_id=end.half_id,
         )
         return result.committed_id
-
-    def _registrations(self) -> Registrations:
-        """Re-asserted with every heartbeat: the topic streams this producer wrote to (the checker walks them) and
-        the partition counts of its topics (a producer started after Redis lost them would write every message to
-        one partition)."""
-        return Registrations(self.broker.registered_streams(), self._router.partitioned_topics())
-
-
-class AsyncTransaction(HandleState):
-    """One transaction of the asyncio producer (see :class:`redis_txmq.transaction.Transaction`). Leaving the block
-    commits, or rolls back when it raised; cancelled (``CancelledError``, an expired ``asyncio.timeout``), the
-    transaction stays in flight for the check-back. Cancelled during the end call, :attr:`result` reports it."""
-
-    def __init__(self, producer: TransactionProducer, message: Message) -> None:
-        super().__init__(message)
-        self._producer = producer
-
-    async def __aenter__(self) -> AsyncTransaction:
-        self._in_flight = await self._producer._prepare(self._message)
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if not self.ended and self._in_flight is not None:
-            await self._end(*outcome_of_block(exc_type, exc))
-
-    async def commit(self) -> TransactionSendResult:
-        """Commit now; leaving the block later changes nothing."""
-        return await self._end(LocalTransactionState.COMMIT, None)
-
-    async def rollback(self) -> TransactionSendResult:
-        """Roll back now, without an exception."""
-        return await self._end(LocalTransactionState.ROLLBACK, None)
-
-    async def _end(self, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
-        if self.result is None:
-            self.result = await self._producer._end(
-                self.in_flight, state, remark, on_cancel=lambda result: setattr(self, "result", result)
-            )
-        return self.result
-
-
-class AsyncTransactionOfMany(ManyHandleState):
-    """A transaction of several messages of the asyncio producer (see
-    :class:`redis_txmq.transaction.TransactionOfMany`); cancelled, it stays in flight for the check-back."""
-
-    def __init__(self, producer: TransactionProducer) -> None:
-        super().__init__(producer.producer_group, producer.settings.max_transaction_messages)
-        self._producer = producer
-
-    async def __aenter__(self) -> AsyncTransactionOfMany:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if not self.state.ended:
-            await self.end(*outcome_of_block(exc_type, exc))
-
-    async def send(self, message: Message) -> Message:
-        """Write ``message`` as a half message of this transaction; returns the copy that was written."""
-        return (await self._producer._prepare(message, self.state)).message
-
-    async def commit(self) -> list[TransactionSendResult]:
-        return await self.end(LocalTransactionState.COMMIT, None)
-
-    async def rollback(self) -> list[TransactionSendResult]:
-        return await self.end(LocalTransactionState.ROLLBACK, None)
-
-    async def end(self, state: LocalTransactionState, remark: str | None) -> list[TransactionSendResult]:
-        """End with ``state`` (UNKNOWN leaves the transaction to the check-back); once."""
-        if self.state.results is None:
-            await self._producer._end_many(self.state, state, remark)
-        return self.results

@@ -1,0 +1,124 @@
+"""The transaction handle (RocketMQ 5.x's ``Transaction``): the local transaction is the body of a ``with`` block.
+
+    async with producer.transaction(Message("orders", body, keys="order-1")) as tx:  # the half message is written
+        await db.insert_order(order, transaction_id=tx.transaction_id)
+    # the block ended normally: COMMIT; it raised: ROLLBACK, and the exception goes on; tx.result after
+
+The asyncio handles' module is the source; the sync ones' is generated from it by ``scripts/unasync.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol
+
+from ..config import Settings
+from ..message import LocalTransactionState, Message, TransactionSendResult
+from ..sending import HandleState, InFlight, ManyHandleState, ManyState, outcome_of_block
+
+
+class AsyncTransactionSender(Protocol):
+    """What a transaction handle needs from its producer (the ``TransactionProducer`` is one): the handle calls the
+    producer's send steps, and the producer module imports the handles, not the other way round."""
+
+    producer_group: str
+    settings: Settings
+
+    async def _prepare(self, message: Message, of: ManyState | None = None) -> InFlight:
+        """Write the half message of ``message`` (one message of ``of`` when given)."""
+        ...
+
+    async def _end(
+        self,
+        tx: InFlight,
+        state: LocalTransactionState,
+        remark: str | None,
+        on_cancel: Callable[[TransactionSendResult], None] | None = None,
+    ) -> TransactionSendResult:
+        """End the transaction of one message with ``state``."""
+        ...
+
+    async def _end_many(
+        self, many: ManyState, state: LocalTransactionState, remark: str | None
+    ) -> list[TransactionSendResult]:
+        """Decide the transaction of several messages once, then end each of its messages with the decision."""
+        ...
+
+
+class AsyncTransaction(HandleState):
+    """One transaction. Entering the block writes the half message (:class:`PrepareError` if it cannot: the block
+    does not run); leaving it commits, or rolls back when it raised, or leaves the transaction in flight for the
+    check-back when it was interrupted (``KeyboardInterrupt``; on asyncio, cancelled: ``CancelledError``, an expired
+    ``asyncio.timeout``). :meth:`commit` / :meth:`rollback` end it early; :attr:`result` is the send result once
+    ended (on asyncio, cancelled during the end call, it says so)."""
+
+    def __init__(self, producer: AsyncTransactionSender, message: Message) -> None:
+        super().__init__(message)
+        self._producer = producer
+
+    async def __aenter__(self) -> AsyncTransaction:
+        self._in_flight = await self._producer._prepare(self._message)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.ended and self._in_flight is not None:
+            await self._end(*outcome_of_block(exc_type, exc))
+
+    async def commit(self) -> TransactionSendResult:
+        """Commit now: the message becomes visible; leaving the block later changes nothing."""
+        return await self._end(LocalTransactionState.COMMIT, None)
+
+    async def rollback(self) -> TransactionSendResult:
+        """Roll back now, without an exception: the message is dropped."""
+        return await self._end(LocalTransactionState.ROLLBACK, None)
+
+    async def _end(self, state: LocalTransactionState, remark: str | None) -> TransactionSendResult:
+        if self.result is None:
+            self.result = await self._producer._end(
+                self.in_flight, state, remark, on_cancel=lambda result: setattr(self, "result", result)
+            )
+        return self.result
+
+
+class AsyncTransactionOfMany(ManyHandleState):
+    """A transaction of several messages (``producer.transaction()`` without a message). Entering the block writes
+    nothing; each :meth:`send` writes one half message (:class:`PrepareError` if it cannot: that message is never
+    published, whatever the transaction decides; the block decides what then). Leaving the block decides as
+    :class:`AsyncTransaction` does, writes the decision once and ends every message with it; :attr:`results` holds
+    one send result per message whose send returned. Interrupted (cancelled), it stays in flight for the
+    check-back."""
+
+    def __init__(self, producer: AsyncTransactionSender) -> None:
+        super().__init__(producer.producer_group, producer.settings.max_transaction_messages)
+        self._producer = producer
+
+    async def __aenter__(self) -> AsyncTransactionOfMany:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self.state.ended:
+            await self.end(*outcome_of_block(exc_type, exc))
+
+    async def send(self, message: Message) -> Message:
+        """Write ``message`` as a half message of this transaction; returns the copy that was written, whose
+        ``transaction_id`` is ``<transaction id>.<index>``."""
+        return (await self._producer._prepare(message, self.state)).message
+
+    async def commit(self) -> list[TransactionSendResult]:
+        """Commit now: every message becomes visible; leaving the block later changes nothing."""
+        return await self.end(LocalTransactionState.COMMIT, None)
+
+    async def rollback(self) -> list[TransactionSendResult]:
+        """Roll back now, without an exception: every message is dropped."""
+        return await self.end(LocalTransactionState.ROLLBACK, None)
+
+    async def end(self, state: LocalTransactionState, remark: str | None) -> list[TransactionSendResult]:
+        """End with ``state`` (UNKNOWN leaves the transaction to the check-back); once."""
+        if self.state.results is None:
+            await self._producer._end_many(self.state, state, remark)
+        return self.results
