@@ -13,8 +13,11 @@
 -- ARGV[3] keep_ms    how long the decision is kept
 -- ARGV[4] batch_id   the micro-batch's id (decimal), '' for a batch job
 -- ARGV[5] rows       JSON object: stage -> rows its attempt staged, '{}' when not known
+-- ARGV[6] query_id   a micro-batch's streaming query ('' or absent: not known): a sink whose batches another query
+--                    committed refuses it; a COMMIT records it in the sink beside last_batch
 -- Reply: {'OK', outcome, stages, 'DECIDED' | 'DUPLICATE' | 'REPLAYED', rows, decided_ms} or {'ERR', code, detail}
---        with code BADARG or MISSING (a stage to commit is not the job's: nothing decided).
+--        with code BADARG, MISSING (a stage to commit is not the job's: nothing decided) or OTHER_QUERY (detail:
+--        the query that committed the sink's batches; nothing decided).
 --        DUPLICATE: the decision that stands (the first), with its stages; REPLAYED: the sink committed this batch
 --        (or a later one) before and its decision is gone: nothing to publish (decided_ms '').
 
@@ -41,6 +44,13 @@ if batch_id ~= '' then
   end
 end
 
+local query_id = ARGV[6] or ''
+if batch and query_id ~= '' then
+  local owner = redis.call('HGET', KEYS[3], 'query_id')
+  if owner and owner ~= query_id then
+    return {'ERR', 'OTHER_QUERY', owner}
+  end
+end
 local prior = redis.call('HMGET', KEYS[1], 'outcome', 'stages', 'rows', 'decided_ms')
 if prior[1] then
   return {'OK', prior[1], prior[2] or '[]', 'DUPLICATE', prior[3] or '{}', prior[4] or ''}
@@ -64,6 +74,9 @@ if batch and outcome == 'COMMIT' then
     return {'OK', 'COMMIT', '[]', 'REPLAYED', '{}', ''}
   end
   redis.call('HSET', KEYS[3], 'last_batch', batch_id)
+  if query_id ~= '' then
+    redis.call('HSET', KEYS[3], 'query_id', query_id)
+  end
 end
 if outcome == 'ROLLBACK' then
   stages, rows = '[]', '{}'

@@ -74,6 +74,9 @@ SETTLED_WHILE_WRITING = (
 )
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Structured Streaming sets on a micro-batch's jobs: the batch id a task writes for."""
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+"""The local property Structured Streaming sets on a query's jobs: the query's id, kept by its checkpoint (the same
+after a restart from it, another one for a new checkpoint)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class StagedRows(WriterCommitMessage):
     stages: list[str] = field(default_factory=list)
     rows: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    query_id: str = ""
+    """A micro-batch's streaming query, as its task saw it ('' when not known)."""
 
 
 def parse_write_options(
@@ -378,14 +383,16 @@ class _StageEntries:
             self.pack(stage)
 
 
-def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.RecordBatch]) -> StagedRows:
+def write_rows(
+    options: WriteOptions, keys: JobKeys, batches: Iterator[pa.RecordBatch], query_id: str = ""
+) -> StagedRows:
     """One task attempt: every row into the stage of its topic stream, packed, in pipelines of about
-    ``write_batch_size`` rows."""
+    ``write_batch_size`` rows. A micro-batch's ``query_id`` is checked against the sink's (``lua/lease_job.lua``)."""
     context = TaskContext.get()
     partition = context.partitionId() if context else 0
     attempt = f"{partition}-{context.taskAttemptId() if context else 0}-{os.urandom(4).hex()}"
     client = options.connection.client()
-    job = WriteJob(client, keys, options.settings)
+    job = WriteJob(client, keys, options.settings, query_id)
     keeper = LeaseKeeper(job)
     router = _Router(client)
     stages: dict[str, str] = {}
@@ -401,7 +408,7 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
     prefix = f"{keys.job_id}.{partition}."
     try:
         if job.lease() is None:  # decided already (a replayed micro-batch, a late attempt): nothing to write
-            return StagedRows([], 0)
+            return StagedRows([], 0, query_id=query_id)
         keeper.start()  # the job stays its driver's while this attempt runs, however long
         for batch in batches:
             columns = {name.lower(): batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
@@ -426,7 +433,7 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
                     if stage is None:
                         stage = job.stage(stream, attempt)
                         if stage is None:  # the job is decided without this attempt: nothing it writes is needed
-                            return StagedRows([], 0)
+                            return StagedRows([], 0, query_id=query_id)
                         stages[stream] = stage
                     if len(router.streams(topic)) == 1:
                         only_stage[topic] = stage
@@ -449,7 +456,8 @@ def write_rows(options: WriteOptions, keys: JobKeys, batches: Iterator[pa.Record
         sender.close()
         job.close()
         client.close()
-    return StagedRows(sorted(stages.values()), rows, {stage: counts.get(stage, 0) for stage in stages.values()})
+    counted = {stage: counts.get(stage, 0) for stage in stages.values()}
+    return StagedRows(sorted(stages.values()), rows, counted, query_id)
 
 
 def _commit(job: WriteJob, messages: list[Any]) -> None:
@@ -462,6 +470,11 @@ def _commit(job: WriteJob, messages: list[Any]) -> None:
             f"{job.settings.job_lease:g} s passed without a renewal and txmq checker rolled it back, or it was "
             "aborted); nothing of it was published: run it again"
         )
+
+
+def _query_id(messages: list[Any]) -> str:
+    """The streaming query the tasks of a micro-batch ran in ('' when none said)."""
+    return next((m.query_id for m in messages if isinstance(m, StagedRows) and m.query_id), "")
 
 
 def _staged(messages: list[Any]) -> dict[str, int]:
@@ -532,19 +545,22 @@ class StreamWriter(DataSourceStreamArrowWriter):
                 f"(no '{BATCH_ID_PROPERTY}' local property); this Spark version is not supported"
             )
         keys = self._keys(int(raw))
-        return write_rows(self.options, keys, iterator)
+        query_id = (context.getLocalProperty(QUERY_ID_PROPERTY) if context else None) or ""
+        return write_rows(self.options, keys, iterator, query_id)
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
-        self._settle(batchId, lambda job: _commit(job, messages))
+        """Decide COMMIT and publish; raises when the sink's batches were committed by another query (the same
+        sinkId for a new checkpoint), and when this batch was committed before yet its tasks staged new rows."""
+        self._settle(batchId, lambda job: _commit(job, messages), _query_id(messages))
 
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         """A COMMIT that stands (the commit raised after deciding) is published; an undecided batch is not decided
         (Spark runs it again with the same id, which must stay free to commit): its stages are deleted."""
         self._settle(batchId, lambda job: job.abort())
 
-    def _settle(self, batch_id: int, action: Any) -> None:
+    def _settle(self, batch_id: int, action: Any, query_id: str = "") -> None:
         client = self.options.connection.client()
-        job = WriteJob(client, self._keys(batch_id), self.options.settings)
+        job = WriteJob(client, self._keys(batch_id), self.options.settings, query_id)
         try:
             action(job)
         finally:

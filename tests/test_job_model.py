@@ -167,8 +167,8 @@ class JobModel(RuleBasedStateMachine):
             return job.unpublishable, False
         if any((attempt.name in job.set_aside or attempt.expired) and attempt.rows for attempt in chosen):
             return True, False  # a stage to commit is gone: refused before deciding, the job ended as an abort ends it
-        if job.micro and job.decision_expired:  # REPLAYED: the sink's last batch refuses it, nothing to publish
-            return False, False
+        if job.micro and job.decision_expired:  # REPLAYED: the sink's last batch refuses it, nothing to publish;
+            return any(attempt.rows for attempt in chosen), False  # rows of its own, dropped: said, not in silence
         return any(attempt.corrupt for attempt in chosen), True
 
     def _decide_commit(self, job: Job, chosen: list[Attempt]) -> None:

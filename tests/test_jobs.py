@@ -20,6 +20,7 @@ from redis_txmq.jobs import (
     LeaseKeeper,
     UnpublishableJobError,
     WriteJob,
+    WriteJobError,
     settle_jobs,
 )
 from redis_txmq.jobs.stages import stage_entry_id
@@ -114,7 +115,9 @@ def test_a_replayed_micro_batch_publishes_nothing_new(client):
     client.delete(first.keys.decision)  # long after: the decision expired, the sink's last batch remains
     late = WriteJob.micro_batch(client, "orders-sink", 6)
     late_stage = stage_rows(client, late, "orders", "run3", 2)
-    assert late.commit([late_stage]).status == "REPLAYED"
+    with pytest.raises(WriteJobError, match=r"micro-batch 6 was committed before \(REPLAYED\), yet this run staged"):
+        late.commit([late_stage])  # its rows are not published: said, not silently dropped
+    assert not client.exists(late_stage)
     nxt = WriteJob.micro_batch(client, "orders-sink", 8)
     assert nxt.commit([stage_rows(client, nxt, "orders", "run4", 1)]).status == "DECIDED"
     assert collections.Counter(bodies(client, "orders")) == {**{f"run1-{n}": 1 for n in range(4)}, "run4-0": 1}
@@ -429,3 +432,19 @@ def test_a_replay_that_decides_while_the_checker_settles_the_discarded_run_stays
     wait_until(lambda: settle_jobs(client, settings) == 1)
     assert bodies(client, "orders") == ["run2-0", "run2-1", "run2-2"]
     assert client.zcard(JOB_REGISTRY) == 0 and not list(client.scan_iter(match="txmq:*:stage:*"))
+
+
+def test_a_new_query_under_a_committed_sink_id_is_refused_not_dropped(client):
+    """A new streaming query (a fresh checkpoint) reuses a sinkId: its batch 0 was committed by the first query.
+    Its tasks' lease and its decision are refused with an error naming the sink; nothing of it is dropped in
+    silence (its tasks used to find the old decision, write nothing, and its commit returned)."""
+    first = WriteJob.micro_batch(client, "reused-sink", 0, query_id="query-1")
+    first.commit({stage_rows(client, first, "orders", "q1", 2): 2})
+    second = WriteJob.micro_batch(client, "reused-sink", 0, query_id="query-2")
+    with pytest.raises(WriteJobError, match="sink 'reused-sink': its micro-batches were committed by streaming query"):
+        second.lease()
+    with pytest.raises(WriteJobError, match="query-1, and this is query query-2"):
+        second.commit({})
+    restarted = WriteJob.micro_batch(client, "reused-sink", 0, query_id="query-1")  # the same query, restarted
+    assert restarted.lease() is None and restarted.commit({}).status == "DUPLICATE"
+    assert bodies(client, "orders") == ["q1-0", "q1-1"]

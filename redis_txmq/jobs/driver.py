@@ -57,10 +57,13 @@ Decision = JobDecision
 class WriteJob:
     """One write job on one client (``redis.Redis`` or ``RedisCluster``); :meth:`close` when done with it."""
 
-    def __init__(self, client: Any, keys: JobKeys, settings: Settings | None = None) -> None:
+    def __init__(self, client: Any, keys: JobKeys, settings: Settings | None = None, query_id: str = "") -> None:
         self.client = client
         self.keys = keys
         self.settings = settings or Settings()
+        self.query_id = query_id
+        """A micro-batch's streaming query (Spark's query id, kept by its checkpoint; '' when not known): a sink
+        whose batches another query committed refuses its lease and its decision."""
         self._scripts = {name: register_script(client, name) for name in SCRIPTS}
         self._runner = ScriptRunner(client, direct=False, durability=self.settings.durability_level())
         self.plain_runner = ScriptRunner(client, direct=False)
@@ -83,8 +86,10 @@ class WriteJob:
         return cls(client, JobKeys(os.urandom(16).hex()), settings)
 
     @classmethod
-    def micro_batch(cls, client: Any, sink_id: str, batch_id: int, settings: Settings | None = None) -> WriteJob:
-        return cls(client, JobKeys.of_batch(sink_id, batch_id), settings)
+    def micro_batch(
+        cls, client: Any, sink_id: str, batch_id: int, settings: Settings | None = None, query_id: str = ""
+    ) -> WriteJob:
+        return cls(client, JobKeys.of_batch(sink_id, batch_id), settings, query_id)
 
     @property
     def job_id(self) -> str:
@@ -103,10 +108,16 @@ class WriteJob:
             self.settings.job_decision_lifetime_ms,
             self.settings.stage_lifetime_ms,
         ]
-        reply = self.call("renew its lease", "lease_job", [self.keys.decision, self.keys.stages], args)
+        keys = [self.keys.decision, self.keys.stages]
+        if self.keys.sink:
+            keys.append(self.keys.sink)
+            args.append(self.query_id)
+        reply = self.call("renew its lease", "lease_job", keys, args)
         status = text(reply[0])
         if status == "DECIDED":
             return None
+        if status == "ERR" and text(reply[1]) == "OTHER_QUERY":
+            raise self._other_query(text(reply[2]) or "")
         if status != "OK":
             raise WriteJobError(f"write job {self.job_id}: lease refused: {text(reply[1])} {text(reply[2])}")
         ends = int(reply[1])
@@ -149,6 +160,7 @@ class WriteJob:
             self.settings.job_decision_lifetime_ms,
             batch,
             json.dumps(rows, sort_keys=True),
+            self.query_id,
         ]
         try:
             reply = self.call("decide", "decide_job", keys, args, confirmed=True)
@@ -179,9 +191,19 @@ class WriteJob:
             f"write job {self.job_id}: not committed, nothing of it was published: {reason}; {what}"
         )
 
+    def _other_query(self, owner: str) -> WriteJobError:
+        return WriteJobError(
+            f"sink {self.keys.sink_id!r}: its micro-batches were committed by streaming query {owner}, and this is "
+            f"query {self.query_id} (a new checkpoint with the same sinkId?): its batch {self.keys.batch_id} would be "
+            "taken for one already committed and its rows dropped. Give this query a sinkId of its own, or restart "
+            "the query from its own checkpoint"
+        )
+
     def _job_decision(self, reply: Any) -> JobDecision:
         """The job decision in a ``decide_job`` reply."""
         status, first, second, third, rows, decided = (text(part) or "" for part in [*reply, "", "", "", "", ""][:6])
+        if status == "ERR" and first == "OTHER_QUERY":
+            raise self._other_query(second)
         if status != "OK":
             error = JobNotCommittedError if first == "MISSING" else WriteJobError
             raise error(f"write job {self.job_id}: job decision refused: {first}: {second}; run the job again")
@@ -196,6 +218,15 @@ class WriteJob:
         :class:`UnpublishableJobError` when a committed row cannot be published."""
         job_decision = self.decide(COMMIT, stages)
         self.settle(job_decision)
+        staged = dict(stages) if isinstance(stages, Mapping) else dict.fromkeys(stages, 1)
+        if self.keys.sink and any(staged.values()) and job_decision.status in ("REPLAYED", "DUPLICATE"):
+            if job_decision.status == "REPLAYED" or set(staged) - set(job_decision.stages):
+                raise WriteJobError(
+                    f"sink {self.keys.sink_id!r}: micro-batch {self.keys.batch_id} was committed before "
+                    f"({job_decision.status}), yet this run staged rows of its own, which are not published (they "
+                    "were deleted): a new query writing under the sinkId of another one, or a replay whose first "
+                    "run's decision expired. Give a new query a sinkId of its own"
+                )
         return job_decision
 
     def abort(self) -> JobDecision:
