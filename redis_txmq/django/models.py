@@ -1,0 +1,49 @@
+"""The two tables, in meaning the ones of :mod:`redis_txmq.sqlalchemy` (same names and columns; the inbox has a
+surrogate ``id`` and a unique ``(consumer_group, message_id)``, since Django before 5.2 has no composite keys)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from .fields import KeyField
+
+TRANSACTION_ID_LENGTH = 64
+
+
+class TransactionLogEntry(models.Model):
+    """One local transaction: ``COMMIT`` written inside it (``TransactionLog.record``), or ``ROLLBACK``, a fence a
+    check-back wrote once the transaction could no longer be running (its own insert then fails)."""
+
+    transaction_id = KeyField(max_length=TRANSACTION_ID_LENGTH, primary_key=True)
+    topic = models.CharField(max_length=255, null=True)
+    state = models.CharField(max_length=8)
+    recorded_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        db_table = "txmq_transaction_log"
+        verbose_name = "transaction log entry"
+        verbose_name_plural = "transaction log"
+
+    def __str__(self) -> str:
+        return f"{self.transaction_id} {self.state}"
+
+
+class InboxEntry(models.Model):
+    """A message a consumer group applied, written in the same database transaction as its effects."""
+
+    id = models.BigAutoField(primary_key=True)
+    consumer_group = KeyField(max_length=127)
+    message_id = KeyField(max_length=255)
+    topic = models.CharField(max_length=255)
+    processed_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        db_table = "txmq_inbox"
+        verbose_name = "inbox entry"
+        verbose_name_plural = "inbox"
+        constraints = [
+            models.UniqueConstraint(fields=["consumer_group", "message_id"], name="txmq_inbox_group_message"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer_group} {self.message_id}"
