@@ -1,0 +1,74 @@
+"""The example Django order service and its billing consumer as processes that SIGKILL themselves at the worst
+moment, on the database given as JSON in ``TXMQ_DJANGO_DATABASE`` (settings ``tests.django.settings``):
+
+- ``python -m tests.django.service producer KILL_AT``: places orders ``1..ORDERS`` not in the database yet through
+  the example's own ``place_order`` (the log row and the order in one atomic block inside a transaction handle); order
+  ``KILL_AT`` kills the process right after its database commit, before the end call (an ``on_commit`` callback: the
+  check-back must publish it). Then it answers check-backs until killed.
+- the consumer is the example's ``manage.py bill_orders`` itself, with ``--handler tests.django.service.bill``: the
+  example's invoice, and for order ``TXMQ_KILL_AT`` a kill after the inbox's commit, before the ack (the redelivery
+  must be skipped).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from redis_txmq import ConsumedMessage, Settings
+
+ORDERS = 12
+SETTINGS = Settings(transaction_timeout=0.5, check_interval=0.5, heartbeat_interval=0.5, claim_idle=1)
+SETTINGS_ENV = {
+    "TXMQ_TRANSACTION_TIMEOUT": "0.5",
+    "TXMQ_CHECK_INTERVAL": "0.5",
+    "TXMQ_HEARTBEAT_INTERVAL": "0.5",
+    "TXMQ_CLAIM_IDLE": "1",
+}
+"""``SETTINGS`` for the example's producer, which reads them from the environment (``Settings.from_env``)."""
+
+
+def _die_after_commit() -> None:
+    from django.db import transaction
+
+    transaction.on_commit(lambda: os.kill(os.getpid(), signal.SIGKILL))  # committed in the database, nothing after
+
+
+def bill(message: ConsumedMessage) -> None:
+    """The example's invoice; order ``TXMQ_KILL_AT`` kills the consumer after the commit, before the ack."""
+    import json
+
+    from orders.billing import invoice
+
+    invoice(message)
+    if json.loads(message.body)["id"] == int(os.environ.get("TXMQ_KILL_AT", "-1")):
+        _die_after_commit()
+
+
+def produce(kill_at: int) -> None:
+    from django.db.models.signals import post_save
+    from orders import services
+    from orders.models import Order
+
+    def die_after_commit(sender: object, instance: Order, created: bool, **kwargs: object) -> None:
+        if created and instance.order_id == kill_at:
+            _die_after_commit()
+
+    post_save.connect(die_after_commit, sender=Order)
+    placed = set(Order.objects.values_list("order_id", flat=True))
+    for order_id in range(1, ORDERS + 1):
+        if order_id not in placed:
+            services.place_order({"id": order_id, "customer": f"c{order_id}", "amount": 10.0 * order_id})
+    print("placed", flush=True)
+    threading.Event().wait()  # answer check-backs until killed
+
+
+if __name__ == "__main__":
+    import django
+
+    django.setup()
+    role, kill_at = sys.argv[1], int(sys.argv[2])
+    assert role == "producer", role
+    produce(kill_at)
