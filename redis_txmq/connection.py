@@ -48,6 +48,18 @@ def hiredis_packer(connection_kwargs: dict[str, Any]) -> Callable[[tuple[Any, ..
     return _hiredis_pack if encoding == "utf8" else None
 
 
+def pack_commands(conn: Any, pack: Callable[[tuple[Any, ...]], bytes] | None, commands: Any) -> bytes:
+    """The commands as one write for ``conn``: packed by hiredis (``pack``, from :func:`hiredis_packer`) or by the
+    connection itself."""
+    packed: list[bytes] = []
+    for command in commands:
+        if pack is not None:
+            packed.append(pack(tuple(command)))
+        else:
+            packed.extend(conn.pack_command(*command))
+    return b"".join(packed)
+
+
 def connect(redis_url: str, *, cluster: bool = False, asyncio: bool = False, **kwargs: Any) -> Any:
     """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://``, ``unix://`` or
     ``redis+sentinel://`` URLs (:mod:`redis_txmq.sentinel`), from ``redis`` or (``asyncio=True``)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -35,14 +35,14 @@ from redis.exceptions import (
 )
 from redis.sentinel import SentinelConnectionPool
 
+from . import wire
 from .connection import REDIRECTIONS, hiredis_packer
 from .durability import Durability
 from .errors import DurabilityError
+from .wire import ScriptCall
 
 logger = logging.getLogger(__name__)
 
-ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
-"""``(script, keys, args)``: a redis-py ``Script`` (registered on the runner's client), its KEYS and ARGV."""
 
 _DIRECT_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool, SentinelConnectionPool)
 """Pools whose connections the lane makes its own of: behind Sentinel each asks the Sentinels for the master when
@@ -93,23 +93,7 @@ class ScriptRunner:
             if self.durability is None:
                 return script(keys=keys, args=args)
             return self._run_pipeline([(script, keys, args)], raise_on_error=True)[0]
-        conn = self._acquire()
-        healthy = False
-        sends = [0]
-        try:
-            try:
-                reply, waited = _with_retry(conn, lambda: self._exchange_one(conn, script, keys, args, sends))
-            except NoScriptError:
-                _with_retry(conn, lambda: self._load(conn, [script]))
-                reply, waited = _with_retry(conn, lambda: self._exchange_one(conn, script, keys, args, sends))
-                sends[0] -= 1  # NOSCRIPT ran nothing: the call that ran was sent once
-            healthy = True
-        except redis.ResponseError:
-            healthy = True
-            raise
-        finally:
-            self._release(conn, healthy)
-        self._confirm([reply], None if sends[0] > 1 else waited)
+        (reply,) = self._run_direct([(script, keys, args)], raise_on_error=True)
         return reply
 
     def run_many(self, calls: Sequence[ScriptCall], *, raise_on_error: bool = False) -> list[Any]:
@@ -121,27 +105,24 @@ class ScriptRunner:
             return []
         if not self._direct:
             return self._run_pipeline(calls, raise_on_error)
+        return self._run_direct(calls, raise_on_error)
+
+    def _run_direct(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
+        """On the runner's own connection: one write, every reply read (:func:`redis_txmq.wire.run_scripts`)."""
         conn = self._acquire()
         healthy = False
-        sends = [0]
         try:
-            replies, waited = _with_retry(conn, lambda: self._exchange(conn, calls, sends))
-            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-            if missing:
-                scripts = {id(calls[i][0]): calls[i][0] for i in missing}.values()
-                _with_retry(conn, lambda: self._load(conn, scripts))
-                again, waited = _with_retry(conn, lambda: self._exchange(conn, [calls[i] for i in missing], sends))
-                sends[0] -= 1  # the second exchange sent only what NOSCRIPT had refused
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
+            replies, confirmation = wire.run_scripts(
+                conn, calls, pack=self._pack, durability=self.durability, connect_first=self._connect_first
+            )
             healthy = True
         finally:
             self._release(conn, healthy)
-        self._confirm(replies, None if sends[0] > 1 else waited)
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, redis.ResponseError):
                     raise reply
+        self._confirm(replies, confirmation)
         return replies
 
     def close(self) -> None:
@@ -162,62 +143,6 @@ class ScriptRunner:
         if durability is None or durability.confirmed(waited):
             return
         raise durability.error(waited, replies)
-
-    def _exchange_one(
-        self, conn: Any, script: Any, keys: Sequence[Any], args: Sequence[Any], sends: list[int]
-    ) -> tuple[Any, Any]:
-        """The script's reply and, with a durability level, its confirmation's (else None)."""
-        sends[0] += 1
-        if self._connect_first:
-            conn.connect()
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        if self.durability is None:
-            conn.send_packed_command([self._pack(command)] if self._pack is not None else conn.pack_command(*command))
-            return conn.read_response(), None
-        wait = self.durability.command
-        if self._pack is not None:
-            conn.send_packed_command([self._pack(command) + self._pack(wait)])
-        else:
-            conn.send_packed_command([*conn.pack_command(*command), *conn.pack_command(*wait)])
-        try:
-            reply = conn.read_response()
-        except redis.ResponseError as exc:
-            reply = exc  # the confirmation's reply is still on the socket: read it before raising
-        waited = _read_confirmation(conn)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply, waited
-
-    def _exchange(self, conn: Any, calls: Sequence[ScriptCall], sends: list[int]) -> tuple[list[Any], Any]:
-        sends[0] += 1
-        if self._connect_first:
-            conn.connect()
-        pack = self._pack
-        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]
-        if self.durability is not None:
-            commands.append(self.durability.command)
-        packed: list[bytes] = []
-        for command in commands:
-            if pack is not None:
-                packed.append(pack(command))
-            else:
-                packed.extend(conn.pack_command(*command))
-        conn.send_packed_command([b"".join(packed)])
-        replies: list[Any] = []
-        for _ in calls:
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        return replies, (None if self.durability is None else _read_confirmation(conn))
-
-    def _load(self, conn: Any, scripts: Any) -> None:
-        if self._connect_first:
-            conn.connect()
-        for script in scripts:
-            conn.send_command("SCRIPT", "LOAD", script.script)
-            sha = conn.read_response()
-            script.sha = sha.decode() if isinstance(sha, bytes) else sha
 
     def _acquire(self) -> Any:
         if self._pid != os.getpid():
@@ -340,28 +265,3 @@ class ScriptRunner:
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
         return replies, confirmation
-
-
-def _read_confirmation(conn: Any) -> Any:
-    """The reply of the durability command (its error, if the server refused it)."""
-    try:
-        return conn.read_response()
-    except redis.ResponseError as exc:
-        return exc
-
-
-def _with_retry(conn: Any, exchange: Callable[[], Any]) -> Any:
-    """Run ``exchange`` under the connection's retry policy, and once more on a new socket after a connection error.
-
-    A socket the server closed while it sat idle (``timeout`` setting, restart, failover) shows only when used;
-    redis-py's pool polls each connection before handing it out, the fast lane retries instead. Every script
-    the runner calls is idempotent, so a second attempt cannot apply anything twice."""
-
-    def failed(_error: Exception) -> None:
-        conn.disconnect()
-
-    try:
-        return conn.retry.call_with_retry(exchange, failed)
-    except redis.ConnectionError:
-        conn.disconnect()
-        return conn.retry.call_with_retry(exchange, failed)

@@ -22,13 +22,13 @@ def test_concurrent_calls_go_out_together_each_with_its_own_reply(redis_url):
         echo, refuse = client.register_script(ECHO), client.register_script(REFUSE)
         lane = ScriptLane(client)
         sent: list[int] = []
-        exchange = lane._exchange
+        exchange = lane._exchange_checked_out
 
-        async def counting(conn, batch):
+        async def counting(batch):
             sent.append(len(batch))
-            return await exchange(conn, batch)
+            return await exchange(batch)
 
-        lane._exchange = counting
+        lane._exchange_checked_out = counting
         try:
             calls = [lane.call(refuse if i == 3 else echo, [], [i]) for i in range(10)]
             replies = await asyncio.gather(*calls, return_exceptions=True)

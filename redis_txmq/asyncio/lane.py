@@ -32,6 +32,7 @@ from redis.exceptions import NoScriptError
 from ..connection import REDIRECTIONS, REDIS_ERRORS, hiredis_packer, is_async_cluster
 from ..durability import Durability
 from ..errors import DurabilityError
+from .wire import run_scripts
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
 _DIRECT_POOLS = (
@@ -116,51 +117,12 @@ class ScriptLane:
         pool = self._pool
         conn = await pool.get_connection()
         try:
-            try:
-                replies, confirmation = await self._exchange(conn, batch)
-            except redis.ConnectionError:
-                await conn.disconnect()  # a socket the server closed while idle shows only when used: once more
-                replies, _ = await self._exchange(conn, batch)
-                confirmation = None  # a repeated idempotent script writes nothing for a WAIT to count
-            missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-            if missing:
-                for script in {id(batch[i][0]): batch[i][0] for i in missing}.values():
-                    await conn.send_command("SCRIPT", "LOAD", script.script)
-                    sha = await conn.read_response()
-                    script.sha = sha.decode() if isinstance(sha, bytes) else sha
-                again, confirmed_again = await self._exchange(conn, [batch[i] for i in missing])
-                if confirmation is not None:
-                    confirmation = confirmed_again
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
-            return replies, confirmation
+            calls = [(script, keys, args) for script, keys, args, _ in batch]
+            return await run_scripts(
+                conn, calls, pack=self._pack, durability=self.durability, connect_first=self._connect_first
+            )
         finally:
             await pool.release(conn)  # a connection interrupted mid-exchange was disconnected by redis-py
-
-    async def _exchange(self, conn: Any, batch: list[_Call]) -> tuple[list[Any], Any]:
-        """Write every call at once (and the durability command), then read each reply; a refused call's error
-        takes its reply's place."""
-        if self._connect_first:
-            await conn.connect()
-        pack = self._pack
-        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args, _ in batch]
-        if self.durability is not None:
-            commands.append(self.durability.command)
-        packed: list[bytes] = []
-        for command in commands:
-            if pack is not None:
-                packed.append(pack(command))
-            else:
-                packed.extend(conn.pack_command(*command))
-        await conn.send_packed_command(packed)
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        confirmation = replies.pop() if self.durability is not None else None
-        return replies, confirmation
 
 
 class AsyncScriptRunner:

@@ -1,0 +1,115 @@
+"""The wire: commands written on one connection in one write, the replies read back one by one.
+
+Every writer that sends more than one command at a time goes through here: the sync send path's script runner
+(:mod:`redis_txmq.direct`), the asyncio lane (:mod:`redis_txmq.asyncio.lane`), the one-way flusher (through the
+broker's runner) and the Spark writer's stage writes. With a durability level (:mod:`redis_txmq.durability`) the
+confirming ``WAIT`` / ``WAITAOF`` goes in the same write, after the commands, and its reply is read with theirs:
+one wait confirms every command of the write. A write that had to be sent again (a connection error) cannot be
+confirmed: the repeat of an idempotent script writes nothing, so a ``WAIT`` after it proves nothing about the first;
+the confirmation is then None. The asyncio wire's module is the source; the sync one's is generated from it by
+``scripts/unasync.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+from ..connection import pack_commands
+from ..durability import Durability
+
+Packer = Callable[[tuple[Any, ...]], bytes] | None
+ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
+"""``(script, keys, args)``: a redis-py ``Script`` or ``AsyncScript``, its KEYS and ARGV."""
+
+
+async def exchange(
+    conn: Any,
+    commands: Sequence[Sequence[Any]],
+    *,
+    pack: Packer,
+    durability: Durability | None,
+    connect_first: bool = False,
+) -> tuple[list[Any], Any]:
+    """Write every command at once (and the durability command), then read each reply: a refused command's error
+    takes its reply's place. Returns the replies and the confirmation's reply (None without a durability level; its
+    error, if the server refused it). ``connect_first``: redis-py reconnects lazily in ``send_packed_command``, past
+    the override by which a Sentinel-managed connection asks the Sentinels for the master."""
+    if connect_first:
+        await conn.connect()
+    written = [*commands, durability.command] if durability is not None else commands
+    await conn.send_packed_command([pack_commands(conn, pack, written)])
+    replies: list[Any] = []
+    for _ in written:
+        try:
+            replies.append(await conn.read_response())
+        except redis.ResponseError as exc:
+            replies.append(exc)
+    confirmation = replies.pop() if durability is not None else None
+    return replies, confirmation
+
+
+async def exchange_with_retry(
+    conn: Any,
+    commands: Sequence[Sequence[Any]],
+    *,
+    pack: Packer,
+    durability: Durability | None,
+    connect_first: bool = False,
+) -> tuple[list[Any], Any]:
+    """:func:`exchange` under the connection's retry policy, and once more on a new socket after a connection error:
+    a socket the server closed while it sat idle (``timeout`` setting, restart, failover) shows only when used. Only
+    for idempotent commands (every script of this library is), so a second attempt applies nothing twice; the
+    confirmation is None when the commands were sent more than once."""
+    sends = 0
+
+    async def attempt() -> tuple[list[Any], Any]:
+        nonlocal sends
+        sends += 1
+        return await exchange(conn, commands, pack=pack, durability=durability, connect_first=connect_first)
+
+    async def failed(_error: Exception) -> None:
+        await conn.disconnect()
+
+    try:
+        replies, confirmation = await conn.retry.call_with_retry(attempt, failed)
+    except redis.ConnectionError:
+        await conn.disconnect()
+        replies, confirmation = await conn.retry.call_with_retry(attempt, failed)
+    return replies, (confirmation if sends == 1 else None)
+
+
+async def run_scripts(
+    conn: Any,
+    calls: Sequence[ScriptCall],
+    *,
+    pack: Packer,
+    durability: Durability | None,
+    connect_first: bool = False,
+) -> tuple[list[Any], Any]:
+    """EVALSHA of every call in one write (:func:`exchange_with_retry`); a script the server does not have
+    (NOSCRIPT) is loaded on the same connection and its calls sent again. Returns the replies (a refused call's
+    error in its place) and the confirmation (None when it cannot count)."""
+    commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]
+    replies, confirmation = await exchange_with_retry(
+        conn, commands, pack=pack, durability=durability, connect_first=connect_first
+    )
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if not missing:
+        return replies, confirmation
+    for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+        await conn.send_command("SCRIPT", "LOAD", script.script)
+        sha = await conn.read_response()
+        script.sha = sha.decode() if isinstance(sha, bytes) else sha
+    resent = [("EVALSHA", calls[i][0].sha, len(calls[i][1]), *calls[i][1], *calls[i][2]) for i in missing]
+    again, confirmed_again = await exchange_with_retry(
+        conn, resent, pack=pack, durability=durability, connect_first=connect_first
+    )
+    for i, reply in zip(missing, again, strict=True):
+        replies[i] = reply
+    # NOSCRIPT ran nothing: the calls it refused ran in the second write, whose confirmation covers them and
+    # follows the first write's on the same connection
+    return replies, (confirmed_again if confirmation is not None else None)
