@@ -24,6 +24,7 @@ from .durability import check_servers, durability_unchecked
 from .errors import DurabilityError, TxMQConnectionError, TxMQError
 from .keys import TOPIC_REGISTRY, TopicKeys, decision_key
 from .message import LocalTransactionState, Message
+from .preload import preload
 from .protocol import (
     ClaimResult,
     DeadAction,
@@ -37,7 +38,7 @@ from .protocol import (
     SentCheck,
     TransactionRecord,
 )
-from .scripts import preload, register_script, register_topic_script
+from .scripts import register_script, register_topic_script
 from .synchronization import Lock
 
 __all__ = [

@@ -42,7 +42,7 @@ from .groups import (
 from .heartbeat import Heartbeat
 from .keys import PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
 from .listener import local_state
-from .scripts import preload
+from .preload import preload
 from .synchronization import Event, Worker, WorkerPool
 
 __all__ = ["CheckRequestHandler", "Registrations", "queue_finish"]

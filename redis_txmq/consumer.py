@@ -17,7 +17,7 @@ from typing import Any
 from . import tracing
 from .consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from .entries import ConsumedMessage
-from .scripts import preload
+from .preload import preload
 from .synchronization import Event, maybe_await
 
 logger = logging.getLogger(__name__)

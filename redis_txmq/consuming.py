@@ -167,18 +167,9 @@ class Backoff:
 
 
 class ConsumerProtocol:
-    """Reads one topic through a consumer group; each message goes to one consumer of the group.
-
-    Unacked messages of a consumer that died are claimed by a live one after ``min_idle_time`` seconds, and the
-    dead consumer's name is then removed from the group; a message delivered more than ``max_deliveries`` times
-    moves to the group's dead-letter stream (``txmq:{<topic>}:consumer-dead:<group>``) with its reason instead of
-    being delivered again. ``start_id`` is where a new group starts: ``"0"`` (default, nothing committed is missed)
-    or ``"$"``; a group that Redis lost (restart without persistence, failover to a lagging replica) is created
-    again from ``start_id`` too.
-
-    Iteration and ``run`` ride out dropped connections and restarts, retrying with backoff until ``stop()``;
-    the other methods raise :class:`~redis_txmq.errors.TxMQConnectionError` when Redis fails.
-    """
+    """A consumer's settings, its state (partitions, claim cursors, whose turn it is) and its steps, without I/O:
+    the constructor validates the options and resolves the client, the ``*_steps`` generators decide. What the
+    options mean is :class:`redis_txmq.Consumer`'s docstring; the two consumers subclass this one."""
 
     _logger: ClassVar[logging.Logger]
     _asyncio: ClassVar[bool]

@@ -6,7 +6,8 @@ from typing import Any
 
 from .config import Settings
 from .keys import CHECKER_INSTANCES, CHECKER_LEVELS, GroupKeys
-from .scripts import preload, register_script
+from .preload import preload
+from .scripts import register_script
 
 
 class Heartbeat:

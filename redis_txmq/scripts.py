@@ -20,9 +20,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from redis.cluster import RedisCluster
-
-from .connection import REDIS_ERRORS
 from .errors import TxMQError
 
 logger = logging.getLogger(__name__)
@@ -123,33 +120,6 @@ def register_script(client: Any, name: str, *preludes: str) -> Any:
 def register_topic_script(client: Any, name: str) -> Any:
     """A transaction script: KEYS are :meth:`redis_txmq.keys.TopicKeys.script_keys`."""
     return register_script(client, name, *topic_preludes(name))
-
-
-def preload(*scripts: Any) -> None:
-    """SCRIPT LOAD now, so the first call finds its script (and a bad connection shows at start-up).
-
-    Calls still recover from NOSCRIPT after a server restart or SCRIPT FLUSH. On a Redis Cluster the scripts are
-    loaded master by master, and a master that cannot be reached is skipped with a warning (its slots' calls
-    load the scripts when they first run there): one master down must not stop a producer or checker from
-    starting and serving the topics of the others. Raises when no master could be reached."""
-    if not scripts:
-        return
-    client = scripts[0].registered_client
-    if not isinstance(client, RedisCluster):
-        for script in scripts:
-            script.sha = client.script_load(script.script)
-        return
-    failure: Exception | None = None
-    loaded = 0
-    for node in client.get_primaries():
-        try:
-            for script in scripts:
-                client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
-            loaded += 1
-        except REDIS_ERRORS as exc:
-            failure = master_skipped(node, exc)
-    if not loaded and failure is not None:
-        raise failure
 
 
 def master_skipped(node: Any, exc: Exception) -> Exception:

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SHELLS = {
+    "redis_txmq/asyncio/preload.py": "redis_txmq/preload.py",
     "redis_txmq/asyncio/wire.py": "redis_txmq/wire.py",
     "redis_txmq/asyncio/consumer.py": "redis_txmq/consumer.py",
     "redis_txmq/asyncio/oneway.py": "redis_txmq/oneway.py",

@@ -37,7 +37,7 @@ from ..protocol import (
 from ..scripts import register_script, register_topic_script
 from ..synchronization import AsyncLock
 from .lane import AsyncScriptRunner
-from .scripts import preload
+from .preload import preload
 
 __all__ = [
     "AsyncRedisBroker",

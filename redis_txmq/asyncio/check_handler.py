@@ -41,7 +41,7 @@ from ..heartbeat import Heartbeat
 from ..keys import PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
 from ..synchronization import AsyncEvent, AsyncWorker, AsyncWorkerPool
 from .listener import local_state
-from .scripts import preload
+from .preload import preload
 
 __all__ = ["AsyncCheckRequestHandler", "Registrations", "queue_finish"]
 

@@ -16,7 +16,7 @@ from .. import tracing
 from ..consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from ..entries import ConsumedMessage
 from ..synchronization import AsyncEvent, async_maybe_await
-from .scripts import preload
+from .preload import preload
 
 logger = logging.getLogger(__name__)
 
