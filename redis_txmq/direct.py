@@ -1,5 +1,9 @@
 """Runs the transaction scripts by SHA with the least client-side work: the send path's fast lane.
 
+Sync only, and not generated: a sync send uses a connection of its own per sending thread, where the asyncio
+shell coalesces concurrent calls into shared pipelines (:mod:`redis_txmq.asyncio.lane`); the two keep the same
+surface (``run``, ``run_many``, ``close``) and write through the same wire (:mod:`redis_txmq.wire`).
+
 redis-py's generic command path (pool checkout with a readiness poll, observability hooks, response
 callbacks) costs about as much Python time as the round trip itself. A send is two script calls, so on
 a standalone Redis :class:`ScriptRunner` keeps its own connections (made like the client's, one per thread

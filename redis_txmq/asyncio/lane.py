@@ -16,6 +16,9 @@ Another client (a custom pool or connection class) goes through redis-py's pipel
 With a durability level the confirming ``WAIT`` / ``WAITAOF`` ends each batch, on the same connection: one wait
 confirms every call of the batch (:mod:`redis_txmq.durability`). When it falls short, or the batch had to be sent
 again, each caller whose script ran gets :class:`~redis_txmq.errors.DurabilityError` with its reply.
+
+Asyncio only, and not generated: the sync shell's twin is :class:`redis_txmq.direct.ScriptRunner` (a connection
+per sending thread; threads do not share a pipeline). Both write through :mod:`redis_txmq.wire`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The listener contract for asyncio services: ``async def`` methods, awaited on the loop."""
+"""The listener contract for asyncio services: ``async def`` methods, awaited on the loop.
+
+Not generated into the sync listener (``redis_txmq/listener.py``), and not its source: the sync contract is the
+user's plain methods, and this one adds what only asyncio needs (a sync listener's methods run in a thread)."""
 
 from __future__ import annotations
 
