@@ -14,76 +14,64 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Column, MetaData, String, insert
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Column, MetaData, String
 
 from ..entries import ConsumedMessage
-from ..errors import ConfigurationError
-from .statements import (
+from ..local_records import (
+    CONSUMER_GROUP_LENGTH,
+    MESSAGE_ID_LENGTH,
     PURGE_BATCH_SIZE,
+    TOPIC_LENGTH,
+    InboxRules,
+    purge_steps,
+    run,
+    run_async,
+)
+from .statements import (
     Key,
     Purge,
     check_lengths,
-    dialect_of,
-    insert_if_absent,
+    insert_once,
+    on_own_connection,
+    on_own_connection_async,
     table_in,
     timestamp,
     utc_now,
-    was_written,
 )
 
-logger = logging.getLogger(__name__)
 
-
-class Inbox:
+class Inbox(InboxRules):
     """A table of the messages each consumer group has applied, in the consumer's own database.
 
     Columns: ``consumer_group`` and ``message_id`` (the primary key; the message's transaction id), ``topic``,
     ``processed_at``. The key is compared exactly on every database (``billing`` and ``Billing`` are two groups):
     on MySQL / MariaDB its columns are ``VARBINARY``, not ``VARCHAR`` in the server's case-insensitive collation; a
     table made by your migrations there needs binary key columns too. A group or id longer than its column is
-    refused, never truncated."""
+    refused, never truncated. What it decides without the database is
+    :class:`~redis_txmq.local_records.InboxRules`, shared with the Django inbox."""
+
+    logger = logging.getLogger(__name__)
 
     def __init__(self, metadata: MetaData, *, table_name: str = "txmq_inbox") -> None:
         self.table = table_in(
             metadata,
             table_name,
-            Column("consumer_group", Key(127), primary_key=True),
-            Column("message_id", Key(255), primary_key=True),
-            Column("topic", String(255), nullable=False),
+            Column("consumer_group", Key(CONSUMER_GROUP_LENGTH), primary_key=True),
+            Column("message_id", Key(MESSAGE_ID_LENGTH), primary_key=True),
+            Column("topic", String(TOPIC_LENGTH), nullable=False),
             Column("processed_at", timestamp(), nullable=False, default=utc_now, index=True),
         )
 
     def claim(self, session: Any, consumer_group: str, message: ConsumedMessage) -> bool:
         """Record ``message`` in ``session``'s transaction (a ``Session`` or ``Connection``): True the first time,
         False when this group already applied it (do nothing then, but commit and ack)."""
-        values = self._values(consumer_group, message)
-        statement = insert_if_absent(self.table, dialect_of(session), values)
-        if statement is not None:
-            claimed = was_written(session.execute(statement))
-        else:
-            try:
-                with session.begin_nested():
-                    session.execute(insert(self.table).values(**values))
-                claimed = True
-            except IntegrityError:
-                claimed = False
-        return self._claimed(claimed, consumer_group, message)
+        values = {**self._values(consumer_group, message), "processed_at": utc_now()}
+        return self._claimed(insert_once(session, self.table, values), consumer_group, message)
 
     async def claim_async(self, session: Any, consumer_group: str, message: ConsumedMessage) -> bool:
-        """:meth:`claim` on an ``AsyncSession`` or ``AsyncConnection``."""
-        values = self._values(consumer_group, message)
-        statement = insert_if_absent(self.table, dialect_of(session), values)
-        if statement is not None:
-            claimed = was_written(await session.execute(statement))
-        else:
-            try:
-                async with session.begin_nested():
-                    await session.execute(insert(self.table).values(**values))
-                claimed = True
-            except IntegrityError:
-                claimed = False
-        return self._claimed(claimed, consumer_group, message)
+        """:meth:`claim` on an ``AsyncSession`` or ``AsyncConnection`` (the same statements, through its
+        ``run_sync``)."""
+        return bool(await session.run_sync(self.claim, consumer_group, message))
 
     def handler(
         self,
@@ -125,52 +113,12 @@ class Inbox:
         consumers' downtime), days rather than minutes. Rows go in batches of at most ``batch_size``, each in a
         transaction of its own, so a concurrent claim waits for one batch at most."""
         purge = Purge(self.table, self.table.c.processed_at, older_than, batch_size)
-        deleted = 0
-        while True:
-            with engine.connect() as connection:
-                keys = list(connection.execute(purge.batch).all())
-            removed = 0
-            if keys:
-                with engine.begin() as connection:
-                    removed = int(connection.execute(purge.delete(keys)).rowcount)
-            deleted += removed
-            if purge.done(len(keys), removed):
-                return deleted
+        return run(purge_steps(batch_size), on_own_connection(engine, purge.perform))
 
     async def purge_async(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """:meth:`purge` on an ``AsyncEngine``."""
         purge = Purge(self.table, self.table.c.processed_at, older_than, batch_size)
-        deleted = 0
-        while True:
-            async with engine.connect() as connection:
-                keys = list((await connection.execute(purge.batch)).all())
-            removed = 0
-            if keys:
-                async with engine.begin() as connection:
-                    removed = int((await connection.execute(purge.delete(keys))).rowcount)
-            deleted += removed
-            if purge.done(len(keys), removed):
-                return deleted
+        return await run_async(purge_steps(batch_size), on_own_connection_async(engine, purge.perform))
 
-    def _values(self, consumer_group: str, message: ConsumedMessage) -> dict[str, Any]:
-        if not consumer_group:
-            raise ConfigurationError("inbox: consumer_group is required (the group whose effects are recorded)")
-        values = {
-            "consumer_group": consumer_group,
-            "message_id": message.transaction_id or f"{message.stream}/{message.id}",
-            "topic": message.topic,
-            "processed_at": utc_now(),
-        }
-        check_lengths(self.table, values, f"inbox, topic {message.topic!r}, tx={message.transaction_id}")
-        return values
-
-    @staticmethod
-    def _claimed(claimed: bool, consumer_group: str, message: ConsumedMessage) -> bool:
-        if not claimed:
-            logger.info(
-                "tx=%s topic=%s group=%s already applied: skipped (a redelivery)",
-                message.transaction_id,
-                message.topic,
-                consumer_group,
-            )
-        return claimed
+    def _check_lengths(self, values: dict[str, Any], what: str) -> None:
+        check_lengths(self.table, values, what)

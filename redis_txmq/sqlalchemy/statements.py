@@ -19,20 +19,21 @@ waited for the purge to end; a delete by primary key locks only the rows it dele
 
 from __future__ import annotations
 
-import math
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import Column, DateTime, Delete, Insert, MetaData, Select, String, Table, delete, insert, select, tuple_
 from sqlalchemy.dialects import mysql
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import TypeDecorator
 
+from .. import local_records
 from ..errors import ConfigurationError
+from ..local_records import MYSQL_FAMILY, OldKeys, check_purge
 
 ON_CONFLICT_DIALECTS = ("postgresql", "sqlite")
-IGNORE_DIALECTS = ("mysql", "mariadb")
-PURGE_BATCH_SIZE = 500
-"""Rows a purge deletes per statement and per transaction: what a concurrent writer may wait for, at most."""
+IGNORE_DIALECTS = MYSQL_FAMILY
 
 
 def utc_now() -> datetime:
@@ -98,16 +99,23 @@ def was_written(result: Any) -> bool:
     return bool(result.rowcount == 1)
 
 
+def insert_once(executor: Any, table: Table, values: dict[str, Any]) -> bool:
+    """Write the row unless its key is taken, on a sync ``Session`` or ``Connection`` (the asyncio ones run this
+    through their ``run_sync``); whether it was written."""
+    statement = insert_if_absent(table, dialect_of(executor), values)
+    if statement is not None:
+        return was_written(executor.execute(statement))
+    try:
+        with executor.begin_nested():
+            executor.execute(insert(table).values(**values))
+    except IntegrityError:
+        return False
+    return True
+
+
 def check_lengths(table: Table, values: dict[str, Any], what: str) -> None:
-    """Refuse a value longer than its column holds, on every database: PostgreSQL would raise, SQLite store it
-    whole, and MySQL's ``INSERT IGNORE`` truncate it silently (two keys sharing a prefix would become one)."""
-    for name, value in values.items():
-        length = getattr(table.c[name].type, "length", None)
-        if isinstance(value, str) and length is not None and len(value) > length:
-            raise ConfigurationError(
-                f"{what}: {name} {value[:40]!r}... is {len(value)} characters, more than the {length} that "
-                f"{table.name}.{name} holds; refused rather than truncated: use a shorter {name}"
-            )
+    """:func:`redis_txmq.local_records.check_lengths` against ``table``'s columns."""
+    local_records.check_lengths(values, lambda name: getattr(table.c[name].type, "length", None), table.name, what)
 
 
 def dialect_of(executor: Any) -> str:
@@ -118,43 +126,35 @@ def dialect_of(executor: Any) -> str:
     return str(dialect.name)
 
 
-def lock_timeout_statement(dialect_name: str, seconds: float) -> str | None:
-    """Bound how long a fence waits on a local transaction that holds the row's lock, for this transaction only
-    (PostgreSQL). SQLite waits its own busy timeout; MySQL / MariaDB have no such setting per transaction: see
-    :func:`session_lock_timeout`."""
-    if dialect_name == "postgresql":
-        return f"SET LOCAL lock_timeout = '{max(1, int(seconds * 1000))}ms'"
-    return None
+def on_own_connection(engine: Any, perform: Callable[[Any, Any], Any]) -> Callable[[Any], Any]:
+    """Each effect of steps performed by ``perform(connection, effect)`` on a connection of its own from a sync
+    ``Engine``, given back to the pool after it."""
+
+    def each(effect: Any) -> Any:
+        with engine.connect() as connection:
+            return perform(connection, effect)
+
+    return each
 
 
-SESSION_LOCK_TIMEOUT_READ = "SELECT @@SESSION.innodb_lock_wait_timeout"
+def on_own_connection_async(engine: Any, perform: Callable[[Any, Any], Any]) -> Callable[[Any], Awaitable[Any]]:
+    """:func:`on_own_connection` on an ``AsyncEngine``: ``perform`` gets the sync face of the ``AsyncConnection``
+    (``run_sync``), so the statements of an effect are written once for both."""
 
+    async def each(effect: Any) -> Any:
+        async with engine.connect() as connection:
+            return await connection.run_sync(perform, effect)
 
-def session_lock_timeout(dialect_name: str, seconds: float) -> str | None:
-    """MySQL / MariaDB: the statement bounding the connection's lock waits (``innodb_lock_wait_timeout``, whole
-    seconds, at least 1; the server's default is 50). It lasts for the session: read the value before with
-    :data:`SESSION_LOCK_TIMEOUT_READ` and set it back after the transaction (:func:`session_lock_timeout_restore`),
-    the connection goes back to a pool."""
-    if dialect_name in IGNORE_DIALECTS:
-        return f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(seconds))}"
-    return None
-
-
-def session_lock_timeout_restore(previous: Any) -> str:
-    return f"SET SESSION innodb_lock_wait_timeout = {int(previous)}"
+    return each
 
 
 class Purge:
-    """The statements of a purge in batches: :attr:`batch` reads the keys of up to ``batch_size`` rows older than
-    the cutoff (a plain read, no locks), :meth:`delete` deletes those rows by key (still older than the cutoff: a
-    key written again since is kept). The caller runs each in its own short transaction until a batch comes back
-    short."""
+    """The statements of a purge in batches (:func:`redis_txmq.local_records.purge_steps`): :attr:`batch` reads the
+    keys of up to ``batch_size`` rows older than the cutoff (a plain read, no locks), :meth:`delete` deletes those
+    rows by key (still older than the cutoff: a key written again since is kept)."""
 
     def __init__(self, table: Table, time_column: Column[Any], older_than: timedelta, batch_size: int) -> None:
-        if older_than < timedelta(0):
-            raise ConfigurationError(f"purge: older_than must not be negative, got {older_than}")
-        if batch_size < 1:
-            raise ConfigurationError(f"purge: batch_size must be at least 1, got {batch_size}")
+        check_purge(older_than, batch_size)
         self.table, self.batch_size = table, batch_size
         self.cutoff = utc_now() - older_than
         self.keys = list(table.primary_key.columns)
@@ -166,10 +166,12 @@ class Purge:
             return delete(self.table).where(self.keys[0].in_([key[0] for key in keys]), self.old)
         return delete(self.table).where(tuple_(*self.keys).in_([tuple(key) for key in keys]), self.old)
 
-    def done(self, found: int, deleted: int) -> bool:
-        """Whether the purge is over after a batch that found ``found`` keys and deleted ``deleted`` rows (none
-        deleted: another purge took them, or the keys do not match back; stop rather than loop)."""
-        return found < self.batch_size or deleted == 0
+    def perform(self, connection: Any, effect: Any) -> Any:
+        """An effect of :func:`redis_txmq.local_records.purge_steps` on a sync ``Connection``."""
+        if isinstance(effect, OldKeys):
+            return list(connection.execute(self.batch).all())
+        with connection.begin():
+            return int(connection.execute(self.delete(effect.keys)).rowcount)
 
 
 def table_in(metadata: MetaData, name: str, *columns: Column[Any]) -> Table:

@@ -28,69 +28,58 @@ older than a window you give; keep it above ``max_age`` (with the default, 7 day
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Column, Insert, MetaData, String, insert, select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import OperationalError
 
-from ..errors import ConfigurationError
+from ..local_records import (
+    PURGE_BATCH_SIZE,
+    SESSION_LOCK_TIMEOUT_READ,
+    STATE_LENGTH,
+    TOPIC_LENGTH,
+    TRANSACTION_ID_LENGTH,
+    StateOf,
+    TransactionLogRules,
+    purge_steps,
+    run,
+    run_async,
+    session_lock_timeout,
+    session_lock_timeout_restore,
+    transaction_lock_timeout,
+)
 from ..message import LocalTransactionState, Message
 from ..sending import HandleState, ManyHandleState
 from .statements import (
-    PURGE_BATCH_SIZE,
-    SESSION_LOCK_TIMEOUT_READ,
     Key,
     Purge,
     check_lengths,
     dialect_of,
-    insert_if_absent,
-    lock_timeout_statement,
-    session_lock_timeout,
-    session_lock_timeout_restore,
+    insert_once,
+    on_own_connection,
+    on_own_connection_async,
     table_in,
     timestamp,
     utc_now,
 )
 
-logger = logging.getLogger(__name__)
 
-TRANSACTION_ID_LENGTH = 64
-
-COMMIT = LocalTransactionState.COMMIT
-ROLLBACK = LocalTransactionState.ROLLBACK
-UNKNOWN = LocalTransactionState.UNKNOWN
-
-_OPEN_HANDLES: weakref.WeakValueDictionary[str, HandleState | ManyHandleState] = weakref.WeakValueDictionary()
-"""Transaction id -> the handle :meth:`TransactionLog.record` was given, while the handle lives: one registry for the
-process, so that every log answers UNKNOWN for a transaction whose block is open here, whichever ``TransactionLog``
-object recorded it (the producer's ``checker=`` is often built from another one than the request handlers use)."""
-_OPEN_HANDLES_LOCK = threading.Lock()
-"""Check-backs run on the producer's check threads while request handlers record."""
-
-
-def _remember_open(transaction_id: str, handle: HandleState | ManyHandleState) -> None:
-    with _OPEN_HANDLES_LOCK:
-        _OPEN_HANDLES[transaction_id] = handle
-
-
-def _open_handle(transaction_id: str) -> HandleState | ManyHandleState | None:
-    with _OPEN_HANDLES_LOCK:
-        return _OPEN_HANDLES.get(transaction_id)
-
-
-class TransactionLog:
+class TransactionLog(TransactionLogRules):
     """A table of committed local transactions in the service's own database, and the check-back that reads it.
 
     ``metadata`` is the service's SQLAlchemy ``MetaData`` (create the table with it, or with your migrations: the
     columns are ``transaction_id`` (primary key, compared exactly: ``VARBINARY(256)`` on MySQL / MariaDB),
     ``topic``, ``state`` and ``recorded_at``). ``lock_timeout_seconds`` bounds a fence's wait on a row a running
     local transaction holds (PostgreSQL's ``lock_timeout``, MySQL / MariaDB's ``innodb_lock_wait_timeout`` in whole
-    seconds, set for the fence only; SQLite waits its own busy timeout)."""
+    seconds, set for the fence only; SQLite waits its own busy timeout). What it decides without the database
+    (the rules above, the handles open in this process) is :class:`~redis_txmq.local_records.TransactionLogRules`,
+    shared with the Django log."""
+
+    LOCK_ERRORS = (OperationalError,)
+    logger = logging.getLogger(__name__)
 
     def __init__(
         self,
@@ -101,20 +90,17 @@ class TransactionLog:
         lock_timeout_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if local_transaction_max_seconds < 0 or lock_timeout_seconds <= 0:
-            raise ConfigurationError(
-                "transaction log: local_transaction_max_seconds must be >= 0 and lock_timeout_seconds > 0, got "
-                f"{local_transaction_max_seconds} and {lock_timeout_seconds}"
-            )
-        self.local_transaction_max_seconds = local_transaction_max_seconds
-        self.lock_timeout_seconds = lock_timeout_seconds
-        self._clock = clock
+        super().__init__(
+            local_transaction_max_seconds=local_transaction_max_seconds,
+            lock_timeout_seconds=lock_timeout_seconds,
+            clock=clock,
+        )
         self.table = table_in(
             metadata,
             table_name,
             Column("transaction_id", Key(TRANSACTION_ID_LENGTH), primary_key=True),
-            Column("topic", String(255), nullable=True),
-            Column("state", String(8), nullable=False),
+            Column("topic", String(TOPIC_LENGTH), nullable=True),
+            Column("state", String(STATE_LENGTH), nullable=False),
             Column("recorded_at", timestamp(), nullable=False, default=utc_now, index=True),
         )
 
@@ -124,112 +110,22 @@ class TransactionLog:
 
         ``transaction`` is a transaction handle (``tx``, of one message or of several), the message a listener
         received, or a transaction id. Besides building the statement, a handle is registered for this process (not
-        for this log object: any ``TransactionLog`` here answers alike) while its block is open: a check-back
-        meanwhile answers UNKNOWN instead of fencing a slow local transaction.
+        for this log object: any log here, SQLAlchemy's or Django's, answers alike) while its block is open: a
+        check-back meanwhile answers UNKNOWN instead of fencing a slow local transaction.
         Executing it raises the database's unique-constraint error when a check already fenced the transaction
         (it was taken for rolled back): the local transaction must then roll back, as the handle does."""
-        if isinstance(transaction, HandleState):
-            transaction_id, topic = transaction.transaction_id, topic or transaction.message.topic
-            _remember_open(transaction_id, transaction)
-        elif isinstance(transaction, ManyHandleState):
-            transaction_id = transaction.transaction_id
-            _remember_open(transaction_id, transaction)
-        elif isinstance(transaction, Message):
-            if not transaction.transaction_id:
-                raise ConfigurationError(
-                    f"topic {transaction.topic!r}: this message has no transaction id; record the message the "
-                    "listener received (or the transaction handle), not the one passed to the send"
-                )
-            transaction_id, topic = transaction.transaction_id, topic or transaction.topic
-        elif isinstance(transaction, str) and 0 < len(transaction) <= TRANSACTION_ID_LENGTH:
-            transaction_id = transaction
-        else:
-            raise ConfigurationError(
-                f"record() takes a transaction handle, a Message or a transaction id, got {transaction!r}"
-            )
-        values = {"transaction_id": transaction_id, "topic": topic, "state": COMMIT.value, "recorded_at": utc_now()}
-        check_lengths(self.table, values, f"transaction log, topic {topic!r}")
-        return insert(self.table).values(**values)
+        values = self._committed_values(*self._identify(transaction, topic))
+        return insert(self.table).values(**values, recorded_at=utc_now())
 
     def check(self, engine: Any, message: Message) -> LocalTransactionState:
         """Answer a check-back from the log (sync ``Engine``); see the module's description of the rules."""
-        transaction_id = self._transaction_id(message)
-        with engine.connect() as connection:
-            state = connection.execute(self._state_of(transaction_id)).scalar_one_or_none()
-        decided = self.decide(transaction_id, state, message)
-        if decided is not None:
-            return decided
-        fence = self._fence_values(message)
-        try:
-            with engine.connect() as connection:
-                dialect = dialect_of(connection)
-                session_limit = session_lock_timeout(dialect, self.lock_timeout_seconds)
-                previous = None
-                if session_limit is not None:
-                    previous = connection.exec_driver_sql(SESSION_LOCK_TIMEOUT_READ).scalar_one()
-                    connection.exec_driver_sql(session_limit)
-                    connection.commit()
-                try:
-                    with connection.begin():
-                        if (limit := lock_timeout_statement(dialect, self.lock_timeout_seconds)) is not None:
-                            connection.exec_driver_sql(limit)
-                        statement = insert_if_absent(self.table, dialect, fence)
-                        if statement is not None:
-                            connection.execute(statement)
-                        else:
-                            try:
-                                with connection.begin_nested():
-                                    connection.execute(insert(self.table).values(**fence))
-                            except IntegrityError:
-                                pass
-                        state = connection.execute(self._state_of(transaction_id)).scalar_one()
-                finally:
-                    if previous is not None and not connection.invalidated:
-                        connection.exec_driver_sql(session_lock_timeout_restore(previous))
-                        connection.commit()
-        except OperationalError as exc:
-            return self._still_locked(message, exc)
-        return self._fenced(message, state)
+        steps = self._check_steps(self._transaction_id(message), message)
+        return run(steps, on_own_connection(engine, self._perform))
 
     async def check_async(self, engine: Any, message: Message) -> LocalTransactionState:
         """:meth:`check` on an ``AsyncEngine``."""
-        transaction_id = self._transaction_id(message)
-        async with engine.connect() as connection:
-            state = (await connection.execute(self._state_of(transaction_id))).scalar_one_or_none()
-        decided = self.decide(transaction_id, state, message)
-        if decided is not None:
-            return decided
-        fence = self._fence_values(message)
-        try:
-            async with engine.connect() as connection:
-                dialect = dialect_of(connection)
-                session_limit = session_lock_timeout(dialect, self.lock_timeout_seconds)
-                previous = None
-                if session_limit is not None:
-                    previous = (await connection.exec_driver_sql(SESSION_LOCK_TIMEOUT_READ)).scalar_one()
-                    await connection.exec_driver_sql(session_limit)
-                    await connection.commit()
-                try:
-                    async with connection.begin():
-                        if (limit := lock_timeout_statement(dialect, self.lock_timeout_seconds)) is not None:
-                            await connection.exec_driver_sql(limit)
-                        statement = insert_if_absent(self.table, dialect, fence)
-                        if statement is not None:
-                            await connection.execute(statement)
-                        else:
-                            try:
-                                async with connection.begin_nested():
-                                    await connection.execute(insert(self.table).values(**fence))
-                            except IntegrityError:
-                                pass
-                        state = (await connection.execute(self._state_of(transaction_id))).scalar_one()
-                finally:
-                    if previous is not None and not connection.invalidated:
-                        await connection.exec_driver_sql(session_lock_timeout_restore(previous))
-                        await connection.commit()
-        except OperationalError as exc:
-            return self._still_locked(message, exc)
-        return self._fenced(message, state)
+        steps = self._check_steps(self._transaction_id(message), message)
+        return await run_async(steps, on_own_connection_async(engine, self._perform))
 
     def checker(self, engine: Any) -> Callable[[Message], Any]:
         """The producer's ``checker=`` (or a listener's ``check_local_transaction``) on ``engine``: a plain
@@ -246,86 +142,49 @@ class TransactionLog:
 
         return check
 
-    def decide(self, transaction_id: str, state: str | None, message: Message) -> LocalTransactionState | None:
-        """The answer the log's row (``state``, None when absent) gives, or None when only a fence can tell."""
-        if state is not None:
-            return LocalTransactionState(state)
-        handle = _open_handle(transaction_id)
-        if handle is not None:
-            return None if handle.ended else UNKNOWN  # open here: the local transaction is running
-        if message.prepared_at is not None:
-            age = self._clock() - message.prepared_at
-            if age < self.local_transaction_max_seconds:
-                logger.debug("tx=%s topic=%s no log row yet, %.1f s old: UNKNOWN", transaction_id, message.topic, age)
-                return UNKNOWN
-        return None
-
     def purge(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """Delete the rows recorded more than ``older_than`` ago; returns how many. Keep ``older_than`` above the
         checker's ``max_age``: a check-back may ask about a transaction until then. Rows go in batches of at most
         ``batch_size``, each in a transaction of its own, so a concurrent ``record()`` waits for one batch at most."""
         purge = Purge(self.table, self.table.c.recorded_at, older_than, batch_size)
-        deleted = 0
-        while True:
-            with engine.connect() as connection:
-                keys = list(connection.execute(purge.batch).all())
-            removed = 0
-            if keys:
-                with engine.begin() as connection:
-                    removed = int(connection.execute(purge.delete(keys)).rowcount)
-            deleted += removed
-            if purge.done(len(keys), removed):
-                return deleted
+        return run(purge_steps(batch_size), on_own_connection(engine, purge.perform))
 
     async def purge_async(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """:meth:`purge` on an ``AsyncEngine``."""
         purge = Purge(self.table, self.table.c.recorded_at, older_than, batch_size)
-        deleted = 0
-        while True:
-            async with engine.connect() as connection:
-                keys = list((await connection.execute(purge.batch)).all())
-            removed = 0
-            if keys:
-                async with engine.begin() as connection:
-                    removed = int((await connection.execute(purge.delete(keys))).rowcount)
-            deleted += removed
-            if purge.done(len(keys), removed):
-                return deleted
+        return await run_async(purge_steps(batch_size), on_own_connection_async(engine, purge.perform))
+
+    def _perform(self, connection: Any, effect: Any) -> Any:
+        """An effect of :meth:`_check_steps` on a sync ``Connection``."""
+        if isinstance(effect, StateOf):
+            return connection.execute(self._state_of(effect.transaction_id)).scalar_one_or_none()
+        return self._fence(connection, {**effect.values, "recorded_at": utc_now()})
+
+    def _fence(self, connection: Any, fence: dict[str, Any]) -> str:
+        """Write the ROLLBACK row unless the key is taken, in a transaction of its own; the row's state then."""
+        dialect = dialect_of(connection)
+        session_limit = session_lock_timeout(dialect, self.lock_timeout_seconds)
+        previous = None
+        if session_limit is not None:
+            previous = connection.exec_driver_sql(SESSION_LOCK_TIMEOUT_READ).scalar_one()
+            connection.exec_driver_sql(session_limit)
+            connection.commit()
+        try:
+            with connection.begin():
+                if (limit := transaction_lock_timeout(dialect, self.lock_timeout_seconds)) is not None:
+                    connection.exec_driver_sql(limit)
+                insert_once(connection, self.table, fence)
+                return str(connection.execute(self._state_of(fence["transaction_id"])).scalar_one())
+        finally:
+            if previous is not None and not connection.invalidated:
+                connection.exec_driver_sql(session_lock_timeout_restore(previous))
+                connection.commit()
 
     def _state_of(self, transaction_id: str) -> Any:
         return select(self.table.c.state).where(self.table.c.transaction_id == transaction_id)
 
-    def _transaction_id(self, message: Message) -> str:
-        if not message.transaction_id:
-            raise ConfigurationError(f"topic {message.topic!r}: a check-back message carries a transaction id")
-        check_lengths(self.table, self._fence_values(message), f"transaction log, topic {message.topic!r}")
-        return message.transaction_id
-
-    @staticmethod
-    def _fence_values(message: Message) -> dict[str, Any]:
-        return {
-            "transaction_id": message.transaction_id,
-            "topic": message.topic,
-            "state": ROLLBACK.value,
-            "recorded_at": utc_now(),
-        }
-
-    @staticmethod
-    def _fenced(message: Message, state: str) -> LocalTransactionState:
-        answer = LocalTransactionState(state)
-        if answer is ROLLBACK:
-            logger.info("tx=%s topic=%s no log row: fenced, ROLLBACK", message.transaction_id, message.topic)
-        return answer
-
-    @staticmethod
-    def _still_locked(message: Message, exc: Exception) -> LocalTransactionState:
-        logger.warning(
-            "tx=%s topic=%s the local transaction still holds its log row (%s): UNKNOWN, asked again later",
-            message.transaction_id,
-            message.topic,
-            exc.__class__.__name__,
-        )
-        return UNKNOWN
+    def _check_lengths(self, values: dict[str, Any], what: str) -> None:
+        check_lengths(self.table, values, what)
 
 
 def _is_async_engine(engine: Any) -> bool:
