@@ -19,10 +19,8 @@ from django.utils import timezone
 
 from ..entries import ConsumedMessage
 from ..errors import ConfigurationError
-from .rules import PURGE_BATCH_SIZE, check_lengths, check_purge
-from .transaction_log import _purge
-
-logger = logging.getLogger(__name__)
+from ..local_records import PURGE_BATCH_SIZE, InboxRules, require_group
+from .rules import check_lengths, purge
 
 
 def _model() -> Any:
@@ -31,10 +29,13 @@ def _model() -> Any:
     return InboxEntry
 
 
-class Inbox:
+class Inbox(InboxRules):
     """The ``txmq_inbox`` table of the database ``using``: the messages each consumer group has applied. The key is
     compared exactly on every database (``billing`` and ``Billing`` are two groups); a group or id longer than its
-    column is refused, never truncated."""
+    column is refused, never truncated. What it decides without the database is
+    :class:`~redis_txmq.local_records.InboxRules`, shared with the SQLAlchemy inbox."""
+
+    logger = logging.getLogger(__name__)
 
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS) -> None:
         self.using = using
@@ -53,13 +54,7 @@ class Inbox:
             with transaction.atomic(using=self.using):  # a savepoint: a duplicate leaves the outer block usable
                 _model().objects.using(self.using).create(processed_at=timezone.now(), **values)
         except IntegrityError:
-            logger.info(
-                "tx=%s topic=%s group=%s already applied: skipped (a redelivery)",
-                message.transaction_id,
-                message.topic,
-                consumer_group,
-            )
-            return False
+            return self._claimed(False, consumer_group, message)
         return True
 
     def handler(
@@ -70,8 +65,7 @@ class Inbox:
         and acked without calling ``handle``. ``handle`` uses the ORM as usual (on ``using``); its
         ``transaction.on_commit`` callbacks run after the commit, before the ack. Around each message the thread's
         connection is dropped when unusable or older than ``CONN_MAX_AGE``, as Django does around a request."""
-        if not consumer_group:
-            raise ConfigurationError("inbox: consumer_group is required (the group whose effects are recorded)")
+        require_group(consumer_group)
 
         def process(message: ConsumedMessage) -> None:
             connection = connections[self.using]  # the calling thread's
@@ -105,16 +99,7 @@ class Inbox:
         """Delete rows older than ``older_than``; returns how many. A message redelivered after its row is gone is
         applied again: keep the window above the longest a message can stay pending (``claim_idle`` and your
         consumers' downtime), days rather than minutes. Rows go in batches of at most ``batch_size``."""
-        check_purge(older_than, batch_size)
-        return _purge(_model(), "processed_at", self.using, timezone.now() - older_than, batch_size)
+        return purge(_model(), "processed_at", self.using, older_than, batch_size)
 
-    def _values(self, consumer_group: str, message: ConsumedMessage) -> dict[str, Any]:
-        if not consumer_group:
-            raise ConfigurationError("inbox: consumer_group is required (the group whose effects are recorded)")
-        values = {
-            "consumer_group": consumer_group,
-            "message_id": message.transaction_id or f"{message.stream}/{message.id}",
-            "topic": message.topic,
-        }
-        check_lengths(_model(), values, f"inbox, topic {message.topic!r}, tx={message.transaction_id}")
-        return values
+    def _check_lengths(self, values: dict[str, Any], what: str) -> None:
+        check_lengths(_model(), values, what)

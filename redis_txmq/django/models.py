@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from django.db import models
 
+from ..local_records import (
+    CONSUMER_GROUP_LENGTH,
+    MESSAGE_ID_LENGTH,
+    STATE_LENGTH,
+    TOPIC_LENGTH,
+    TRANSACTION_ID_LENGTH,
+)
 from .fields import KeyField
-
-TRANSACTION_ID_LENGTH = 64
 
 
 class TransactionLogEntry(models.Model):
@@ -15,8 +20,8 @@ class TransactionLogEntry(models.Model):
     check-back wrote once the transaction could no longer be running (its own insert then fails)."""
 
     transaction_id = KeyField(max_length=TRANSACTION_ID_LENGTH, primary_key=True)
-    topic = models.CharField(max_length=255, null=True)
-    state = models.CharField(max_length=8)
+    topic = models.CharField(max_length=TOPIC_LENGTH, null=True)
+    state = models.CharField(max_length=STATE_LENGTH)
     recorded_at = models.DateTimeField(db_index=True)
 
     class Meta:
@@ -32,9 +37,9 @@ class InboxEntry(models.Model):
     """A message a consumer group applied, written in the same database transaction as its effects."""
 
     id = models.BigAutoField(primary_key=True)
-    consumer_group = KeyField(max_length=127)
-    message_id = KeyField(max_length=255)
-    topic = models.CharField(max_length=255)
+    consumer_group = KeyField(max_length=CONSUMER_GROUP_LENGTH)
+    message_id = KeyField(max_length=MESSAGE_ID_LENGTH)
+    topic = models.CharField(max_length=TOPIC_LENGTH)
     processed_at = models.DateTimeField(db_index=True)
 
     class Meta:

@@ -29,31 +29,26 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from ..errors import ConfigurationError
-from ..message import LocalTransactionState, Message
-from ..sending import HandleState, ManyHandleState
-from .rules import (
+from ..local_records import (
     PURGE_BATCH_SIZE,
     SESSION_LOCK_TIMEOUT_READ,
-    check_lengths,
-    check_purge,
-    open_handle,
-    remember_open,
+    StateOf,
+    TransactionLogRules,
+    run,
     session_lock_timeout,
     session_lock_timeout_restore,
     transaction_lock_timeout,
 )
-
-logger = logging.getLogger(__name__)
-
-COMMIT = LocalTransactionState.COMMIT
-ROLLBACK = LocalTransactionState.ROLLBACK
-UNKNOWN = LocalTransactionState.UNKNOWN
+from ..message import LocalTransactionState, Message
+from ..sending import HandleState, ManyHandleState
+from .rules import check_lengths, purge
 
 
 def _model() -> Any:
@@ -62,11 +57,16 @@ def _model() -> Any:
     return TransactionLogEntry
 
 
-class TransactionLog:
+class TransactionLog(TransactionLogRules):
     """The ``txmq_transaction_log`` table of the database ``using`` (an alias of ``DATABASES``), and the check-back
     that reads it. ``local_transaction_max_seconds`` bounds how long a local transaction of yours may run: a check
     fences one only when it is older (set it above your slowest, and record early in the transaction).
-    ``lock_timeout_seconds`` bounds a fence's wait on a row a running local transaction holds."""
+    ``lock_timeout_seconds`` bounds a fence's wait on a row a running local transaction holds. What it decides
+    without the database (the handles open in this process among them, one registry with the SQLAlchemy log's) is
+    :class:`~redis_txmq.local_records.TransactionLogRules`."""
+
+    LOCK_ERRORS = (OperationalError,)
+    logger = logging.getLogger(__name__)
 
     def __init__(
         self,
@@ -76,15 +76,12 @@ class TransactionLog:
         lock_timeout_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if local_transaction_max_seconds < 0 or lock_timeout_seconds <= 0:
-            raise ConfigurationError(
-                "transaction log: local_transaction_max_seconds must be >= 0 and lock_timeout_seconds > 0, got "
-                f"{local_transaction_max_seconds} and {lock_timeout_seconds}"
-            )
+        super().__init__(
+            local_transaction_max_seconds=local_transaction_max_seconds,
+            lock_timeout_seconds=lock_timeout_seconds,
+            clock=clock,
+        )
         self.using = using
-        self.local_transaction_max_seconds = local_transaction_max_seconds
-        self.lock_timeout_seconds = lock_timeout_seconds
-        self._clock = clock
 
     def record(
         self, transaction_or_id: HandleState | ManyHandleState | Message | str, *, topic: str | None = None
@@ -104,8 +101,7 @@ class TransactionLog:
                 f"transaction log, topic {topic!r}, tx={transaction_id}: record() must run inside the local "
                 f"transaction (`with transaction.atomic(using={self.using!r}):`), or the row commits without it"
             )
-        values = {"transaction_id": transaction_id, "topic": topic, "state": COMMIT.value}
-        check_lengths(_model(), values, f"transaction log, topic {topic!r}")
+        values = self._committed_values(transaction_id, topic)
         _model().objects.using(self.using).create(recorded_at=timezone.now(), **values)
 
     def check(self, message: Message) -> LocalTransactionState:
@@ -119,15 +115,7 @@ class TransactionLog:
             )
         connection.close_if_unusable_or_obsolete()
         try:
-            state = self._state_of(transaction_id)
-            decided = self.decide(transaction_id, state, message)
-            if decided is not None:
-                return decided
-            try:
-                state = self._fence(connection, message)
-            except OperationalError as exc:
-                return self._still_locked(message, exc)
-            return self._fenced(message, state)
+            return run(self._check_steps(transaction_id, message), partial(self._perform, connection))
         finally:
             connection.close_if_unusable_or_obsolete()
 
@@ -146,30 +134,22 @@ class TransactionLog:
         """The asyncio producer's ``checker=``."""
         return self.acheck
 
-    def decide(self, transaction_id: str, state: str | None, message: Message) -> LocalTransactionState | None:
-        """The answer the log's row (``state``, None when absent) gives, or None when only a fence can tell."""
-        if state is not None:
-            return LocalTransactionState(state)
-        handle = open_handle(transaction_id)
-        if handle is not None:
-            return None if handle.ended else UNKNOWN  # open here: the local transaction is running
-        if message.prepared_at is not None:
-            age = self._clock() - message.prepared_at
-            if age < self.local_transaction_max_seconds:
-                logger.debug("tx=%s topic=%s no log row yet, %.1f s old: UNKNOWN", transaction_id, message.topic, age)
-                return UNKNOWN
-        return None
-
     def purge(self, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """Delete the rows recorded more than ``older_than`` ago; returns how many. Keep ``older_than`` above the
         checker's ``max_age`` (72 h by default; 7 days is a safe choice): a check-back of a transaction whose row
         is gone fences it. Rows go in batches of at most ``batch_size``, each in a transaction of its own."""
-        check_purge(older_than, batch_size)
-        return _purge(_model(), "recorded_at", self.using, timezone.now() - older_than, batch_size)
+        return purge(_model(), "recorded_at", self.using, older_than, batch_size)
 
-    def _fence(self, connection: Any, message: Message) -> str:
+    def _perform(self, connection: Any, effect: Any) -> Any:
+        """An effect of :meth:`_check_steps` on this thread's connection."""
+        if isinstance(effect, StateOf):
+            state = _model().objects.using(self.using).filter(pk=effect.transaction_id).values_list("state", flat=True)
+            return None if (found := state.first()) is None else str(found)
+        return self._fence(connection, {**effect.values, "recorded_at": timezone.now()})
+
+    def _fence(self, connection: Any, fence: dict[str, Any]) -> str:
         """Write the ROLLBACK row unless the key is taken, in a transaction of its own; the row's state then."""
-        model, fence = _model(), self._fence_values(message)
+        model = _model()
         session_limit = session_lock_timeout(connection.vendor, self.lock_timeout_seconds)
         previous = None
         if session_limit is not None:
@@ -191,7 +171,7 @@ class TransactionLog:
                             rows.create(**fence)
                     except IntegrityError:
                         pass
-                return str(rows.filter(pk=message.transaction_id).values_list("state", flat=True).get())
+                return str(rows.filter(pk=fence["transaction_id"]).values_list("state", flat=True).get())
         finally:
             if previous is not None:
                 try:
@@ -200,82 +180,5 @@ class TransactionLog:
                 except DatabaseError:
                     connection.close()  # never back to the thread's use with the fence's bound
 
-    def _state_of(self, transaction_id: str) -> str | None:
-        rows = _model().objects.using(self.using).filter(pk=transaction_id)
-        state = rows.values_list("state", flat=True).first()
-        return None if state is None else str(state)
-
-    @staticmethod
-    def _identify(
-        transaction_or_id: HandleState | ManyHandleState | Message | str, topic: str | None
-    ) -> tuple[str, str | None]:
-        if isinstance(transaction_or_id, HandleState):
-            remember_open(transaction_or_id.transaction_id, transaction_or_id)
-            return transaction_or_id.transaction_id, topic or transaction_or_id.message.topic
-        if isinstance(transaction_or_id, ManyHandleState):
-            remember_open(transaction_or_id.transaction_id, transaction_or_id)
-            return transaction_or_id.transaction_id, topic
-        if isinstance(transaction_or_id, Message):
-            if not transaction_or_id.transaction_id:
-                raise ConfigurationError(
-                    f"topic {transaction_or_id.topic!r}: this message has no transaction id; record the message the "
-                    "listener received (or the transaction handle), not the one passed to the send"
-                )
-            return transaction_or_id.transaction_id, topic or transaction_or_id.topic
-        if isinstance(transaction_or_id, str) and transaction_or_id:
-            return transaction_or_id, topic
-        raise ConfigurationError(
-            f"record() takes a transaction handle, a Message or a transaction id, got {transaction_or_id!r}"
-        )
-
-    def _transaction_id(self, message: Message) -> str:
-        if not message.transaction_id:
-            raise ConfigurationError(f"topic {message.topic!r}: a check-back message carries a transaction id")
-        values = self._fence_values(message)
-        del values["recorded_at"]
-        check_lengths(_model(), values, f"transaction log, topic {message.topic!r}")
-        return message.transaction_id
-
-    @staticmethod
-    def _fence_values(message: Message) -> dict[str, Any]:
-        return {
-            "transaction_id": message.transaction_id,
-            "topic": message.topic,
-            "state": ROLLBACK.value,
-            "recorded_at": timezone.now(),
-        }
-
-    @staticmethod
-    def _fenced(message: Message, state: str) -> LocalTransactionState:
-        answer = LocalTransactionState(state)
-        if answer is ROLLBACK:
-            logger.info("tx=%s topic=%s no log row: fenced, ROLLBACK", message.transaction_id, message.topic)
-        return answer
-
-    @staticmethod
-    def _still_locked(message: Message, exc: Exception) -> LocalTransactionState:
-        logger.warning(
-            "tx=%s topic=%s the local transaction still holds its log row (%s): UNKNOWN, asked again later",
-            message.transaction_id,
-            message.topic,
-            exc.__class__.__name__,
-        )
-        return UNKNOWN
-
-
-def _purge(model: Any, time_field: str, using: str, cutoff: Any, batch_size: int) -> int:
-    """Delete the rows of ``model`` whose ``time_field`` is before ``cutoff``, in batches: the keys of at most
-    ``batch_size`` old rows read (no locks), then those rows deleted by key (still old: a key written again since is
-    kept) in a short transaction of their own, until a batch comes back short or deletes nothing."""
-    old = {f"{time_field}__lt": cutoff}
-    deleted = 0
-    while True:
-        rows = model.objects.using(using)
-        keys = list(rows.filter(**old).order_by(time_field).values_list("pk", flat=True)[:batch_size])
-        removed = 0
-        if keys:
-            with transaction.atomic(using=using):
-                removed, _ = rows.filter(pk__in=keys, **old).delete()
-        deleted += removed
-        if len(keys) < batch_size or removed == 0:
-            return deleted
+    def _check_lengths(self, values: dict[str, Any], what: str) -> None:
+        check_lengths(_model(), values, what)
