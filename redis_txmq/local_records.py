@@ -184,12 +184,12 @@ class TransactionLogRules:
     """What a transaction log decides without its database; the SQLAlchemy and Django logs subclass it, perform
     the effects of :meth:`_check_steps` and say which columns hold how much (:meth:`_check_lengths`)."""
 
-    LOCK_ERRORS: ClassVar[tuple[type[Exception], ...]] = ()
+    _LOCK_ERRORS: ClassVar[tuple[type[Exception], ...]] = ()
     """The database library's errors of a lock wait that ran out (a fence then answers UNKNOWN)."""
-    logger: ClassVar[logging.Logger] = logging.getLogger(__name__)
+    _logger: ClassVar[logging.Logger] = logging.getLogger(__name__)
 
     def __init__(
-        self, *, local_transaction_max_seconds: float, lock_timeout_seconds: float, clock: Callable[[], float]
+        self, local_transaction_max_seconds: float, lock_timeout_seconds: float, clock: Callable[[], float]
     ) -> None:
         if local_transaction_max_seconds < 0 or lock_timeout_seconds <= 0:
             raise ConfigurationError(
@@ -255,7 +255,7 @@ class TransactionLogRules:
         if message.prepared_at is not None:
             age = self._clock() - message.prepared_at
             if age < self.local_transaction_max_seconds:
-                self.logger.debug(
+                self._logger.debug(
                     "tx=%s topic=%s no log row yet, %.1f s old: UNKNOWN", transaction_id, message.topic, age
                 )
                 return UNKNOWN
@@ -269,8 +269,8 @@ class TransactionLogRules:
             return decided
         try:
             answer = LocalTransactionState((yield Fence(self._fence_values(message))))
-        except self.LOCK_ERRORS as exc:
-            self.logger.warning(
+        except self._LOCK_ERRORS as exc:
+            self._logger.warning(
                 "tx=%s topic=%s the local transaction still holds its log row (%s): UNKNOWN, asked again later",
                 message.transaction_id,
                 message.topic,
@@ -278,14 +278,14 @@ class TransactionLogRules:
             )
             return UNKNOWN
         if answer is ROLLBACK:
-            self.logger.info("tx=%s topic=%s no log row: fenced, ROLLBACK", message.transaction_id, message.topic)
+            self._logger.info("tx=%s topic=%s no log row: fenced, ROLLBACK", message.transaction_id, message.topic)
         return answer
 
 
 class InboxRules:
     """What an inbox decides without its database; the SQLAlchemy and Django inboxes subclass it."""
 
-    logger: ClassVar[logging.Logger] = logging.getLogger(__name__)
+    _logger: ClassVar[logging.Logger] = logging.getLogger(__name__)
 
     def _check_lengths(self, values: dict[str, Any], what: str) -> None:
         raise NotImplementedError
@@ -305,7 +305,7 @@ class InboxRules:
     def _claimed(self, claimed: bool, consumer_group: str, message: ConsumedMessage) -> bool:
         """``claimed``, said in the log when the message was applied already."""
         if not claimed:
-            self.logger.info(
+            self._logger.info(
                 "tx=%s topic=%s group=%s already applied: skipped (a redelivery)",
                 message.transaction_id,
                 message.topic,

@@ -35,7 +35,7 @@ class Inbox(InboxRules):
     column is refused, never truncated. What it decides without the database is
     :class:`~redis_txmq.local_records.InboxRules`, shared with the SQLAlchemy inbox."""
 
-    logger = logging.getLogger(__name__)
+    _logger = logging.getLogger(__name__)
 
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS) -> None:
         self.using = using

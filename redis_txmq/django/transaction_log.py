@@ -65,8 +65,8 @@ class TransactionLog(TransactionLogRules):
     without the database (the handles open in this process among them, one registry with the SQLAlchemy log's) is
     :class:`~redis_txmq.local_records.TransactionLogRules`."""
 
-    LOCK_ERRORS = (OperationalError,)
-    logger = logging.getLogger(__name__)
+    _LOCK_ERRORS = (OperationalError,)
+    _logger = logging.getLogger(__name__)
 
     def __init__(
         self,
@@ -76,11 +76,7 @@ class TransactionLog(TransactionLogRules):
         lock_timeout_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(
-            local_transaction_max_seconds=local_transaction_max_seconds,
-            lock_timeout_seconds=lock_timeout_seconds,
-            clock=clock,
-        )
+        super().__init__(local_transaction_max_seconds, lock_timeout_seconds, clock)
         self.using = using
 
     def record(

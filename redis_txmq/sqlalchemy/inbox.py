@@ -23,17 +23,13 @@ from ..local_records import (
     PURGE_BATCH_SIZE,
     TOPIC_LENGTH,
     InboxRules,
-    purge_steps,
-    run,
-    run_async,
 )
 from .statements import (
     Key,
-    Purge,
     check_lengths,
     insert_once,
-    on_own_connection,
-    on_own_connection_async,
+    purge_rows,
+    purge_rows_async,
     table_in,
     timestamp,
     utc_now,
@@ -50,9 +46,11 @@ class Inbox(InboxRules):
     refused, never truncated. What it decides without the database is
     :class:`~redis_txmq.local_records.InboxRules`, shared with the Django inbox."""
 
-    logger = logging.getLogger(__name__)
+    _logger = logging.getLogger(__name__)
 
     def __init__(self, metadata: MetaData, *, table_name: str = "txmq_inbox") -> None:
+        """The table in ``metadata``. Its declaration has the shape of the log's (keys, a topic, a time column): two
+        tables, each declared once; the rules they share are in :mod:`redis_txmq.local_records`."""
         self.table = table_in(
             metadata,
             table_name,
@@ -112,13 +110,11 @@ class Inbox(InboxRules):
         applied again: keep the window above the longest a message can stay pending (``claim_idle`` and your
         consumers' downtime), days rather than minutes. Rows go in batches of at most ``batch_size``, each in a
         transaction of its own, so a concurrent claim waits for one batch at most."""
-        purge = Purge(self.table, self.table.c.processed_at, older_than, batch_size)
-        return run(purge_steps(batch_size), on_own_connection(engine, purge.perform))
+        return purge_rows(engine, self.table, self.table.c.processed_at, older_than, batch_size)
 
     async def purge_async(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """:meth:`purge` on an ``AsyncEngine``."""
-        purge = Purge(self.table, self.table.c.processed_at, older_than, batch_size)
-        return await run_async(purge_steps(batch_size), on_own_connection_async(engine, purge.perform))
+        return await purge_rows_async(engine, self.table, self.table.c.processed_at, older_than, batch_size)
 
     def _check_lengths(self, values: dict[str, Any], what: str) -> None:
         check_lengths(self.table, values, what)

@@ -1,5 +1,8 @@
-"""What the transaction log and the inbox send to the database, without I/O: the sync and asyncio methods of
-:class:`~redis_txmq.sqlalchemy.TransactionLog` and :class:`~redis_txmq.sqlalchemy.Inbox` only execute these.
+"""What the transaction log and the inbox send to the database, and how each effect of their steps
+(:mod:`redis_txmq.local_records`) is run: on a connection of its own from the engine, by one sync function for both
+APIs — the asyncio methods hand it the sync face of their ``AsyncConnection`` / ``AsyncSession`` (``run_sync``), so
+the sync and asyncio methods of :class:`~redis_txmq.sqlalchemy.TransactionLog` and
+:class:`~redis_txmq.sqlalchemy.Inbox` are written once.
 
 A row that must be written at most once ("insert if absent") is one statement where the dialect has one
 (PostgreSQL and SQLite ``ON CONFLICT DO NOTHING``, MySQL / MariaDB ``INSERT IGNORE``); elsewhere a plain INSERT
@@ -30,7 +33,7 @@ from sqlalchemy.types import TypeDecorator
 
 from .. import local_records
 from ..errors import ConfigurationError
-from ..local_records import MYSQL_FAMILY, OldKeys, check_purge
+from ..local_records import MYSQL_FAMILY, OldKeys, check_purge, purge_steps, run, run_async
 
 ON_CONFLICT_DIALECTS = ("postgresql", "sqlite")
 IGNORE_DIALECTS = MYSQL_FAMILY
@@ -172,6 +175,21 @@ class Purge:
             return list(connection.execute(self.batch).all())
         with connection.begin():
             return int(connection.execute(self.delete(effect.keys)).rowcount)
+
+
+def purge_rows(engine: Any, table: Table, time_column: Column[Any], older_than: timedelta, batch_size: int) -> int:
+    """Delete the rows of ``table`` whose ``time_column`` is more than ``older_than`` ago, in batches
+    (:class:`Purge`), on a sync ``Engine``; returns how many."""
+    statements = Purge(table, time_column, older_than, batch_size)
+    return run(purge_steps(batch_size), on_own_connection(engine, statements.perform))
+
+
+async def purge_rows_async(
+    engine: Any, table: Table, time_column: Column[Any], older_than: timedelta, batch_size: int
+) -> int:
+    """:func:`purge_rows` on an ``AsyncEngine``."""
+    statements = Purge(table, time_column, older_than, batch_size)
+    return await run_async(purge_steps(batch_size), on_own_connection_async(engine, statements.perform))
 
 
 def table_in(metadata: MetaData, name: str, *columns: Column[Any]) -> Table:

@@ -44,7 +44,6 @@ from ..local_records import (
     TRANSACTION_ID_LENGTH,
     StateOf,
     TransactionLogRules,
-    purge_steps,
     run,
     run_async,
     session_lock_timeout,
@@ -55,12 +54,13 @@ from ..message import LocalTransactionState, Message
 from ..sending import HandleState, ManyHandleState
 from .statements import (
     Key,
-    Purge,
     check_lengths,
     dialect_of,
     insert_once,
     on_own_connection,
     on_own_connection_async,
+    purge_rows,
+    purge_rows_async,
     table_in,
     timestamp,
     utc_now,
@@ -78,8 +78,8 @@ class TransactionLog(TransactionLogRules):
     (the rules above, the handles open in this process) is :class:`~redis_txmq.local_records.TransactionLogRules`,
     shared with the Django log."""
 
-    LOCK_ERRORS = (OperationalError,)
-    logger = logging.getLogger(__name__)
+    _LOCK_ERRORS = (OperationalError,)
+    _logger = logging.getLogger(__name__)
 
     def __init__(
         self,
@@ -90,11 +90,7 @@ class TransactionLog(TransactionLogRules):
         lock_timeout_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(
-            local_transaction_max_seconds=local_transaction_max_seconds,
-            lock_timeout_seconds=lock_timeout_seconds,
-            clock=clock,
-        )
+        super().__init__(local_transaction_max_seconds, lock_timeout_seconds, clock)
         self.table = table_in(
             metadata,
             table_name,
@@ -146,13 +142,11 @@ class TransactionLog(TransactionLogRules):
         """Delete the rows recorded more than ``older_than`` ago; returns how many. Keep ``older_than`` above the
         checker's ``max_age``: a check-back may ask about a transaction until then. Rows go in batches of at most
         ``batch_size``, each in a transaction of its own, so a concurrent ``record()`` waits for one batch at most."""
-        purge = Purge(self.table, self.table.c.recorded_at, older_than, batch_size)
-        return run(purge_steps(batch_size), on_own_connection(engine, purge.perform))
+        return purge_rows(engine, self.table, self.table.c.recorded_at, older_than, batch_size)
 
     async def purge_async(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
         """:meth:`purge` on an ``AsyncEngine``."""
-        purge = Purge(self.table, self.table.c.recorded_at, older_than, batch_size)
-        return await run_async(purge_steps(batch_size), on_own_connection_async(engine, purge.perform))
+        return await purge_rows_async(engine, self.table, self.table.c.recorded_at, older_than, batch_size)
 
     def _perform(self, connection: Any, effect: Any) -> Any:
         """An effect of :meth:`_check_steps` on a sync ``Connection``."""
