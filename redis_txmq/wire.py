@@ -66,22 +66,23 @@ def exchange_with_retry(
     a socket the server closed while it sat idle (``timeout`` setting, restart, failover) shows only when used. Only
     for idempotent commands (every script of this library is), so a second attempt applies nothing twice; the
     confirmation is None when the commands were sent more than once."""
-    sends = 0
+    try:  # the common case first, without the retry machinery's cost on the send path
+        return exchange(conn, commands, pack=pack, durability=durability, connect_first=connect_first)
+    except (redis.ConnectionError, redis.TimeoutError):
+        conn.disconnect()
 
     def attempt() -> tuple[list[Any], Any]:
-        nonlocal sends
-        sends += 1
         return exchange(conn, commands, pack=pack, durability=durability, connect_first=connect_first)
 
     def failed(_error: Exception) -> None:
         conn.disconnect()
 
     try:
-        replies, confirmation = conn.retry.call_with_retry(attempt, failed)
+        replies, _ = conn.retry.call_with_retry(attempt, failed)
     except redis.ConnectionError:
         conn.disconnect()
-        replies, confirmation = conn.retry.call_with_retry(attempt, failed)
-    return replies, (confirmation if sends == 1 else None)
+        replies, _ = conn.retry.call_with_retry(attempt, failed)
+    return replies, None  # sent more than once: a confirmation proves nothing about the first send
 
 
 def run_scripts(

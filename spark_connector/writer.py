@@ -23,7 +23,6 @@ from typing import Any
 
 import msgpack
 import pyarrow as pa
-import redis
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -33,6 +32,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 from redis.cluster import RedisCluster
 
+from redis_txmq import wire
 from redis_txmq.config import DEFAULT_REDIS_URL, Settings
 from redis_txmq.connection import REDIS_ERRORS, hiredis_packer
 from redis_txmq.durability import Durability
@@ -207,9 +207,11 @@ class _Router:
 
 
 class _Lane:
-    """The commands for one server, packed by hiredis and written on one connection of its pool, the replies read
-    back one by one (redis-py's pipeline spends more time per row than the server does), each batch followed by the
-    durability level's confirmation on the same connection."""
+    """The commands for one server, written on one connection of its pool in one write and the replies read back
+    one by one (redis-py's pipeline spends more time per row than the server does), each batch followed by the
+    durability level's confirmation on the same connection: the wire's exchange (:func:`redis_txmq.wire.exchange`),
+    packed by hiredis. Not retried: a task that fails is retried by Spark, and its stage entries' counted ids make a
+    repeated write a refusal, not a second copy."""
 
     def __init__(self, client: Any, durability: Durability | None, job_id: str) -> None:
         self.pool = client.connection_pool
@@ -217,35 +219,22 @@ class _Lane:
         self.job_id = job_id
         self._pack = hiredis_packer(self.pool.connection_kwargs)
         self._conn = self.pool.get_connection()
-        self._packed: list[bytes] = []
+        self._commands: list[list[Any]] = []
 
     def add(self, command: list[Any]) -> None:
-        if self._pack is not None:
-            self._packed.append(self._pack(tuple(command)))
-        else:
-            self._packed.extend(self._conn.pack_command(*command))
+        self._commands.append(command)
 
-    def flush(self, count: int) -> None:
-        """Send the queued commands (``count`` of them) and check every reply, then the confirmation."""
-        packed, self._packed = self._packed, []
-        durability = self.durability
-        if durability is not None:
-            packed.append(b"".join(self._conn.pack_command(*durability.command)))
-        self._conn.send_packed_command([b"".join(packed)])
+    def flush(self) -> None:
+        """Send the queued commands and check every reply, then the confirmation."""
+        commands, self._commands = self._commands, []
+        replies, confirmation = wire.exchange(self._conn, commands, pack=self._pack, durability=self.durability)
         failure: Exception | None = None
-        for _ in range(count):
-            try:
-                failure = failure or _refused(self._conn.read_response(), self.job_id)
-            except redis.ResponseError as exc:
-                failure = failure or _refused(exc, self.job_id)
-        if durability is not None:
-            try:
-                confirmation: Any = self._conn.read_response()
-            except redis.ResponseError as exc:
-                confirmation = exc
-            if failure is None and not durability.confirmed(confirmation):
-                error = durability.error(confirmation)
-                raise type(error)(f"write job {self.job_id}: stage writes {error}") from None
+        for reply in replies:
+            failure = failure or _refused(reply, self.job_id)
+        durability = self.durability
+        if durability is not None and failure is None and not durability.confirmed(confirmation):
+            error = durability.error(confirmation)
+            raise type(error)(f"write job {self.job_id}: stage writes {error}") from None
         if failure is not None:
             raise failure
 
@@ -306,8 +295,8 @@ class _Sender:
                     raise failure
             return
         queued, self._queued = self._queued, {}
-        for name, count in queued.items():
-            self._lanes[name].flush(count)
+        for name in queued:
+            self._lanes[name].flush()
 
     def close(self) -> None:
         lanes, self._lanes = self._lanes, {}

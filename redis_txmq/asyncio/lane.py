@@ -30,7 +30,6 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.asyncio.sentinel
-from redis.exceptions import NoScriptError
 
 from ..connection import REDIRECTIONS, REDIS_ERRORS, hiredis_packer, is_async_cluster
 from ..durability import Durability
@@ -173,25 +172,25 @@ class AsyncScriptRunner:
         """Nothing to release: the lane checks connections out of the client's pool."""
 
     async def _run_on_master(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """On a cluster with a durability level: the script and its confirmation in one write on one connection of
-        the master that owns the slot. A redirection or an unreachable master sends the call through the cluster
-        client (which follows MOVED and refreshes its map); such a call cannot be confirmed (DurabilityError)."""
-        from redis.asyncio.cluster import PipelineCommand
-
+        """On a cluster with a durability level: the script and its confirmation in one write (the wire's) on one
+        connection of the master that owns the slot. A redirection or an unreachable master sends the call through
+        the cluster client (which follows MOVED and refreshes its map); such a call cannot be confirmed
+        (DurabilityError)."""
         durability = self.durability
         assert durability is not None
         try:
             node = self.client.get_node_from_key(keys[0])
-            for _attempt in range(2):
-                calls = [
-                    PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args),
-                    PipelineCommand(1, *durability.command),
-                ]
-                await node.execute_pipeline(calls)
-                reply, confirmation = calls[0].result, calls[1].result
-                if not isinstance(reply, NoScriptError):
-                    break
-                await self.client.execute_command("SCRIPT LOAD", script.script, target_nodes=node)
+            conn = node.acquire_connection()
+            healthy = False
+            try:
+                (reply,), confirmation = await run_scripts(
+                    conn, [(script, keys, args)], pack=hiredis_packer(node.connection_kwargs), durability=durability
+                )
+                healthy = True
+            finally:
+                if not healthy:  # an exchange cut short may leave replies unread on the socket
+                    await conn.disconnect()
+                node.release(conn)
         except REDIS_ERRORS as exc:
             if isinstance(exc, redis.ResponseError) and not isinstance(exc, REDIRECTIONS):
                 raise

@@ -64,22 +64,23 @@ async def exchange_with_retry(
     a socket the server closed while it sat idle (``timeout`` setting, restart, failover) shows only when used. Only
     for idempotent commands (every script of this library is), so a second attempt applies nothing twice; the
     confirmation is None when the commands were sent more than once."""
-    sends = 0
+    try:  # the common case first, without the retry machinery's cost on the send path
+        return await exchange(conn, commands, pack=pack, durability=durability, connect_first=connect_first)
+    except (redis.ConnectionError, redis.TimeoutError):
+        await conn.disconnect()
 
     async def attempt() -> tuple[list[Any], Any]:
-        nonlocal sends
-        sends += 1
         return await exchange(conn, commands, pack=pack, durability=durability, connect_first=connect_first)
 
     async def failed(_error: Exception) -> None:
         await conn.disconnect()
 
     try:
-        replies, confirmation = await conn.retry.call_with_retry(attempt, failed)
+        replies, _ = await conn.retry.call_with_retry(attempt, failed)
     except redis.ConnectionError:
         await conn.disconnect()
-        replies, confirmation = await conn.retry.call_with_retry(attempt, failed)
-    return replies, (confirmation if sends == 1 else None)
+        replies, _ = await conn.retry.call_with_retry(attempt, failed)
+    return replies, None  # sent more than once: a confirmation proves nothing about the first send
 
 
 async def run_scripts(
