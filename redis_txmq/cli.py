@@ -14,7 +14,9 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
@@ -220,9 +222,23 @@ def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
 
     console.print("Spark reads the committed 'orders' stream (format redis-txmq, local[2]), this run's orders...")
     already_running = SparkSession.getActiveSession() is not None  # the caller's session: not ours to stop
-    spark = (
-        SparkSession.builder.master("local[2]").appName("txmq-demo").config("spark.ui.enabled", "false").getOrCreate()
-    )
+    # the JVM's own start-up lines (its module warnings, Spark's log level notice) go to a log file, not between the
+    # tables: it inherits the standard error it is started with; and no progress bar
+    log = Path(tempfile.mkdtemp(prefix="txmq-demo-")) / "spark.log"
+    saved = os.dup(2)
+    try:
+        with log.open("wb") as sink:
+            os.dup2(sink.fileno(), 2)
+            spark = (
+                SparkSession.builder.master("local[2]")
+                .appName("txmq-demo")
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .getOrCreate()
+            )
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
     try:
         spark.sparkContext.setLogLevel("ERROR")
         spark_connector.register(spark)

@@ -76,3 +76,33 @@ def test_a_check_back_that_never_comes_leaves_nothing_in_flight(real_client, red
     assert real_client.hlen(TopicKeys(TOPIC).inflight) == 0
     assert [f[b"keys"] for _, f in real_client.xrange(TOPIC)] == [b"order-1", b"order-3", b"order-5", b"order-6"]
     assert real_client.smembers(GROUP_REGISTRY) == set() and real_client.xinfo_groups(TOPIC) == []
+
+
+def test_the_demos_spark_step_prints_its_table_and_nothing_of_the_jvm(redis_url):
+    """The Spark step starts a JVM of its own: its start-up lines (module warnings, Spark's log level notice) and
+    the progress bar would land between the tables; they go to a log file instead."""
+    import importlib.util
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    if (shutil.which("java") is None or importlib.util.find_spec("pyspark") is None) and not os.environ.get(
+        "TXMQ_REQUIRE_SPARK"
+    ):
+        pytest.skip("needs Java and the spark extra")
+    run = subprocess.run(
+        [sys.executable, "-c", "from redis_txmq.cli import main; main()", "demo", "--redis-url", redis_url],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "spark.read.format('redis-txmq')" in output, output
+    for noise in ("Setting default log level", "WARNING: Using incubator", "[Stage ", "log4j"):
+        assert noise not in output, f"{noise!r} printed by the demo's Spark step:\n{output}"
