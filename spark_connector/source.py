@@ -51,7 +51,18 @@ SPLIT_ENTRIES = 250_000
 """A batch read splits a topic partition into entry-id ranges of about this many entries, so all cores work. Each
 range is a Spark task, and a task costs tens of milliseconds before its first entry: 500,000 entries on two cores
 read faster as 2 ranges than as 5 or 20. ``minPartitions`` asks for more where there are more cores."""
+STREAM_SPLIT_ENTRIES = 25_000
+"""A micro-batch is split into ranges of about this many entries: smaller than a batch read's, since what counts
+there is the micro-batch's latency (a 50,000-entry micro-batch on two cores is two tasks)."""
 MAX_SPLITS = 64
+ADVANCE_PAGE = 1_000
+"""Entries walked by one ``stream_advance`` call (the script refuses more): about 2 ms of Redis time, during which
+nobody else is served. A budget of 50,000 entries is 50 calls instead of one 0.15-0.3 s call."""
+PROBE_ENTRIES = 50
+"""Entries one planning probe asks for at each end of a segment: fewer mean the segment's count is exact."""
+PROBE_CALLS = 96
+"""Segments probed per planned partition at most (two calls each): half of them even over the range first, then
+halves of the most uncertain ones. A few thousand entries, 10-50 ms on the driver."""
 
 
 @dataclass(frozen=True)
@@ -412,17 +423,157 @@ def _check_data_loss(client: Any, options: ConnectorOptions, part: TopicPartitio
     logger.warning("%s; going on (failOnDataLoss=false)", message)
 
 
-def split_range(part: TopicPartition, start: str, end: str, entry_count: int, min_pieces: int = 1) -> list[StreamRange]:
-    """``(start, end]`` cut at millisecond boundaries into about ``entry_count / SPLIT_ENTRIES`` ranges (at least
-    ``min_pieces`` when the range spans enough milliseconds)."""
-    pieces = max(1, min_pieces, min(MAX_SPLITS, -(-entry_count // SPLIT_ENTRIES)))
+@dataclass
+class _Segment:
+    """The entries of the milliseconds ``low..high`` of a range: ``ids`` are the first of them and ``tail`` the
+    last (at most :data:`PROBE_ENTRIES` each); ``count`` is exact when they meet, else estimated."""
+
+    low: int
+    high: int
+    ids: list[str]
+    tail: list[str]
+    count: float
+
+    @property
+    def exact(self) -> bool:
+        return len(self.ids) == self.count
+
+
+def _span_density(ids: list[str]) -> float:
+    """Entries per millisecond of a run of consecutive entries. A millisecond whose last entry seen has sequence
+    number ``n`` held ``n + 1`` entries at least (XADD numbers them from 0 in each millisecond): a run of a few
+    entries inside one busy millisecond shows its density so."""
+    held: dict[int, int] = {}
+    for entry_id in ids:
+        ms, seq = parse_entry_id(entry_id)
+        held[ms] = max(held.get(ms, 0), seq + 1)
+    spread = parse_entry_id(ids[-1])[0] - parse_entry_id(ids[0])[0] + 1
+    return max(len(ids), sum(held.values())) / spread
+
+
+def _probe(client: Any, stream: str, start: str, end: str, spans: list[tuple[int, int]]) -> list[_Segment]:
+    """The first and the last :data:`PROBE_ENTRIES` entries of each span (XRANGE and XREVRANGE with COUNT,
+    pipelined: one round trip, a fraction of a millisecond of Redis time each). When they overlap the count is
+    exact; else the entries between are estimated from the two ends' densities over the milliseconds between
+    them (the larger of the two: a segment overestimated is probed again in halves). The range's own bounds
+    replace the first and last millisecond's."""
     first_ms, last_ms = parse_entry_id(start)[0], parse_entry_id(end)[0]
+    pipe = client.pipeline(transaction=False)
+    for low, high in spans:
+        lower = f"({start}" if low == first_ms else f"{low}-0"
+        upper = end if high == last_ms else ms_upper_bound(high)
+        pipe.xrange(stream, lower, upper, count=PROBE_ENTRIES)
+        pipe.xrevrange(stream, upper, lower, count=PROBE_ENTRIES)
+    replies = pipe.execute()
+    segments = []
+    for (low, high), head, tail in zip(spans, replies[0::2], replies[1::2], strict=True):
+        ids = [entries.text(entry[0]) or "" for entry in head]
+        last = [entries.text(entry[0]) or "" for entry in reversed(tail)]
+        if len(ids) < PROBE_ENTRIES or parse_entry_id(last[0]) <= parse_entry_id(ids[-1]):
+            union = sorted(set(ids) | set(last), key=parse_entry_id)
+            segments.append(_Segment(low, high, union, union, len(union)))
+            continue
+        between = parse_entry_id(last[0])[0] - parse_entry_id(ids[-1])[0] - 1
+        middle = max(_span_density(ids), _span_density(last)) * max(between, 0)
+        segments.append(_Segment(low, high, ids, last, 2 * PROBE_ENTRIES + middle))
+    return segments
+
+
+def _halves(segment: _Segment) -> list[tuple[int, int]]:
+    middle = (segment.low + segment.high) // 2
+    return [(segment.low, middle), (middle + 1, segment.high)]
+
+
+def _estimate(client: Any, stream: str, start: str, end: str, low: int, spans: int) -> list[_Segment]:
+    """The range's entries per millisecond segment: ``spans`` even segments, then the densest segments whose count
+    is only estimated are halved and probed again, round by round, up to :data:`PROBE_CALLS` probes. A burst
+    after a quiet hour is found (the quiet segments come back exact, the burst's are halved), which an id-time
+    density from the first id, the last id and the length alone would spread over the hour."""
+    high = parse_entry_id(end)[0]
+    spans = max(1, min(spans, high - low + 1, PROBE_CALLS))
+    bounds = [low + (high - low + 1) * i // spans for i in range(spans + 1)]
+    segments = _probe(client, stream, start, end, [(bounds[i], bounds[i + 1] - 1) for i in range(spans)])
+    calls = len(segments)
+    while calls + 2 <= PROBE_CALLS:
+        unsure = [s for s in segments if not s.exact and s.high > s.low]
+        capped = sorted(unsure, key=lambda s: s.count - len(s.ids) - len(s.tail), reverse=True)
+        capped = capped[: (PROBE_CALLS - calls) // 2]
+        if not capped:
+            break
+        halves = _probe(client, stream, start, end, [span for s in capped for span in _halves(s)])
+        calls += len(halves)
+        replaced = {id(s) for s in capped}
+        segments = sorted([s for s in segments if id(s) not in replaced] + halves, key=lambda s: s.low)
+    return segments
+
+
+def _cut(segment: _Segment, offset: float) -> str:
+    """The inclusive end id that leaves about ``offset`` of the segment's entries before it: an entry's own id
+    where a probe saw it, else a millisecond's last id interpolated between the head and the tail seen."""
+    if offset <= len(segment.ids):
+        return segment.ids[max(0, int(-(-offset // 1)) - 1)]
+    from_end = segment.count - offset
+    if from_end < len(segment.tail):
+        return segment.tail[max(0, len(segment.tail) - 1 - int(from_end))]
+    seen, until = parse_entry_id(segment.ids[-1])[0], parse_entry_id(segment.tail[0])[0]
+    rest = (offset - len(segment.ids)) / max(segment.count - len(segment.ids) - len(segment.tail), 1)
+    return ms_upper_bound(min(until, seen + int(rest * (until - seen))))
+
+
+def pieces_for(entry_count: float, min_pieces: int, split_entries: int) -> int:
+    return max(1, min_pieces, min(MAX_SPLITS, -(-int(entry_count) // split_entries)))
+
+
+def plan_ranges(
+    client: Any,
+    part: TopicPartition,
+    start: str,
+    end: str,
+    min_pieces: int = 1,
+    split_entries: int = SPLIT_ENTRIES,
+    entry_count: int | None = None,
+) -> list[StreamRange]:
+    """``(start, end]`` cut into ranges of about the same number of entries: about ``entry_count / split_entries``
+    of them, at least ``min_pieces`` when there are that many entries.
+
+    Redis cannot count the entries between two ids without walking them, so the cuts come from a few probes
+    (:func:`_estimate`), starting at the stream's first entry: a range from ``0-0`` is not cut across the empty
+    decades before it. A range that one piece covers (by the stream's length, or by ``entry_count`` when the
+    caller counted it) costs no probe; cuts are entry ids or millisecond boundaries, so the ranges touch and no
+    entry is read twice or skipped, whatever the estimate's error."""
+    whole = StreamRange(part, start, end, first=True)
+    info = _stream_info(client, part.stream)
+    if info is None or not info.get("first-entry"):
+        return [whole]
+    first_id = entries.text(info["first-entry"][0]) or START_ID
+    known = entry_count
+    if (
+        known is None
+        and parse_entry_id(start) < parse_entry_id(first_id)
+        and parse_entry_id(end) >= parse_entry_id(entries.text(info["last-entry"][0]) or START_ID)
+    ):
+        known = int(info["length"])
+    upper = known if known is not None else int(info["length"])
+    most = min(pieces_for(upper, min_pieces, split_entries), upper)
+    if most <= 1:
+        return [whole]
+    low = max(parse_entry_id(start)[0], parse_entry_id(first_id)[0])
+    if low > parse_entry_id(end)[0]:
+        return [whole]
+    segments = _estimate(client, part.stream, start, end, low, PROBE_CALLS // 2)
+    total = sum(s.count for s in segments)
+    pieces = min(pieces_for(known if known is not None else total, min_pieces, split_entries), int(total))
     bounds = [start]
-    step = (last_ms - first_ms) / pieces
+    done, queue = 0.0, iter(segments)
+    segment = next(queue)
     for i in range(1, pieces):
-        bound_ms = int(first_ms + step * i)
-        if bound_ms > parse_entry_id(bounds[-1])[0]:
-            bounds.append(ms_upper_bound(bound_ms))
+        target = total * i / pieces
+        while done + segment.count < target or not segment.ids:
+            done += segment.count
+            segment = next(queue)
+        cut = _cut(segment, target - done)
+        if parse_entry_id(bounds[-1]) < parse_entry_id(cut) < parse_entry_id(end):
+            bounds.append(cut)
     bounds.append(end)
     return [StreamRange(part, bounds[i], bounds[i + 1], first=i == 0) for i in range(len(bounds) - 1)]
 
@@ -446,7 +597,7 @@ class BatchReader(DataSourceReader):
                 end = _given(self.options.ending_offsets, part) or LATEST
                 end = newest if end == LATEST else earlier(end, newest)
                 if parse_entry_id(start) < parse_entry_id(end):
-                    ranges.extend(split_range(part, start, end, int(client.xlen(part.stream)), min_pieces))
+                    ranges.extend(plan_ranges(client, part, start, end, min_pieces))
             return ranges
         finally:
             client.close()
@@ -465,10 +616,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._client: Any = None
         self._target: dict[str, dict[str, str]] | None = None
         self._advance: Any = None
+        self._counted: dict[tuple[str, str, str, str], int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled to the executors for read(): without the driver's connection."""
-        return {**self.__dict__, "_client": None, "_advance": None}
+        return {**self.__dict__, "_client": None, "_advance": None, "_counted": {}}
 
     def _redis(self) -> Any:
         if self._client is None:
@@ -503,6 +655,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         client = self._redis()
+        self._counted = {}
         heads: dict[tuple[str, str], tuple[str, str]] = {}
         end: dict[str, dict[str, str]] = {}
         for part in topic_partitions(client, self.options):
@@ -528,8 +681,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _advance_within(
         self, heads: dict[tuple[str, str], tuple[str, str]], budget: int, end: dict[str, dict[str, str]]
     ) -> None:
-        """Share ``budget`` entries between the partitions with new data, evenly, then hand out what is left."""
+        """Share ``budget`` entries between the partitions with new data, evenly, then hand out what is left. The
+        entries counted are kept for :meth:`partitions`, which then plans without probing."""
         position = {key: begin for key, (begin, _) in heads.items()}
+        counted_of = dict.fromkeys(heads, 0)
         pending = dict(heads)
         while budget > 0 and pending:
             share = max(1, budget // len(pending))
@@ -537,24 +692,44 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 asked = min(share, budget)
                 if asked <= 0:
                     break
-                counted, reached = self._advance(keys=[self._stream_of(*key)], args=[position[key], newest, asked])
-                budget -= int(counted)
-                if int(counted):
-                    position[key] = entries.text(reached) or position[key]
-                if int(counted) < asked:  # this partition has nothing more up to its head
+                counted, position[key] = self._advance_by(self._stream_of(*key), position[key], newest, asked)
+                budget -= counted
+                counted_of[key] += counted
+                if counted < asked:  # this partition has nothing more up to its head
                     del pending[key]
         for (topic, partition), reached in position.items():
             end[topic][partition] = reached
+            self._counted[(topic, partition, heads[(topic, partition)][0], reached)] = counted_of[(topic, partition)]
+
+    def _advance_by(self, stream: str, begin: str, newest: str, asked: int) -> tuple[int, str]:
+        """Up to ``asked`` entries after ``begin``, a page of :data:`ADVANCE_PAGE` per script call, so that no call
+        holds Redis for long; the pages need not be atomic together (``newest`` bounds them all)."""
+        counted, reached = 0, begin
+        while counted < asked:
+            page = min(ADVANCE_PAGE, asked - counted)
+            got, last = self._advance(keys=[stream], args=[reached, newest, page])
+            if int(got):
+                counted += int(got)
+                reached = entries.text(last) or reached
+            if int(got) < page:
+                break
+        return counted, reached
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        """Each partition's ``(start, end]`` cut into ranges of about :data:`STREAM_SPLIT_ENTRIES` entries, so that
+        a large micro-batch uses every core (the entries counted by :meth:`latestOffset`, else probed)."""
         ranges: list[InputPartition] = []
+        client = self._redis()
         for topic, partitions in end.items():
             for partition, stop in partitions.items():
                 begin = start.get(topic, {}).get(partition, START_ID)
                 if begin == LATEST or parse_entry_id(begin) >= parse_entry_id(stop):
                     continue
                 part = TopicPartition(topic, int(partition), self._stream_of(topic, partition))
-                ranges.append(StreamRange(part, begin, stop, first=True))
+                counted = self._counted.get((topic, partition, begin, stop))
+                ranges.extend(
+                    plan_ranges(client, part, begin, stop, split_entries=STREAM_SPLIT_ENTRIES, entry_count=counted)
+                )
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -25,7 +25,15 @@ from redis_txmq import (  # noqa: E402
 from redis_txmq.admin import status  # noqa: E402
 from spark_connector.offsets import START_ID, earlier, later, parse_entry_id  # noqa: E402
 from spark_connector.options import SparkSourceError, parse_options  # noqa: E402
-from spark_connector.source import SPLIT_ENTRIES, BatchReader, StreamReader, TopicPartition, split_range  # noqa: E402
+from spark_connector.source import (  # noqa: E402
+    ADVANCE_PAGE,
+    SPLIT_ENTRIES,
+    STREAM_SPLIT_ENTRIES,
+    BatchReader,
+    StreamReader,
+    TopicPartition,
+    plan_ranges,
+)
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 COLUMNS = ["topic", "partition", "id", "timestamp", "transaction_id", "keys", "tags", "body", "properties"]
@@ -109,14 +117,51 @@ def test_several_topics_and_offsets(spark, real_client, redis_url):
     assert read(spark, redis_url, "topic-a", startingOffsets="latest").count() == 0
 
 
-def test_large_stream_is_split_into_ranges():
-    part = TopicPartition("orders", 0, "orders")
-    ranges = split_range(part, "0-0", "1000000-5", entry_count=3 * SPLIT_ENTRIES + SPLIT_ENTRIES // 2)
-    assert len(ranges) == 4 and ranges[0].first and not any(r.first for r in ranges[1:])
-    assert ranges[0].start == "0-0" and ranges[-1].end == "1000000-5"
+def planned_sizes(client, stream, ranges):
     for left, right in zip(ranges, ranges[1:], strict=False):
         assert left.end == right.start, "ranges are (start, end] and touch: no entry read twice or skipped"
-    assert len(split_range(part, "5-0", "5-9", entry_count=10_000_000)) == 1
+    assert ranges[0].first and not any(r.first for r in ranges[1:])
+    return [len(client.xrange(stream, "(" + r.start, r.end)) for r in ranges]
+
+
+def fill(client, stream, ids):
+    pipe = client.pipeline(transaction=False)
+    for i, entry_id in enumerate(ids):
+        pipe.xadd(stream, {"transaction_id": f"t{i}", "body": str(i)}, id=entry_id)
+    pipe.execute()
+
+
+def test_a_read_from_earliest_is_split_by_entries_not_by_time(real_client, redis_url):
+    """From 0-0 (1970) the cuts start at the stream's first entry: minPartitions=4 gives 4 ranges of about the
+    same number of entries, also when the entries come in bursts between quiet hours."""
+    hour = 3_600_000
+    now = 1_800_000_000_000
+    ids = [f"{now + i}-0" for i in range(2_000)]  # a trickle, then a burst of 200 entries per ms, then a trickle
+    ids += [f"{now + hour + i // 200}-{i % 200}" for i in range(20_000)]
+    ids += [f"{now + 2 * hour + i * 7}-0" for i in range(2_000)]
+    fill(real_client, "orders", ids)
+    reader = BatchReader(parse_options({"redis.url": redis_url, "topics": "orders", "minPartitions": "4"}, False))
+    ranges = reader.partitions()
+    assert ranges[0].start == START_ID and ranges[-1].end == ids[-1]
+    sizes = planned_sizes(real_client, "orders", ranges)
+    assert sum(sizes) == len(ids) and len(sizes) == 4
+    assert max(sizes) <= 1.5 * min(sizes), sizes
+    one = BatchReader(parse_options({"redis.url": redis_url, "topics": "orders"}, False)).partitions()
+    assert [(r.start, r.end) for r in one] == [(START_ID, ids[-1])], "fewer entries than SPLIT_ENTRIES: one range"
+
+
+def test_a_range_within_one_millisecond_or_of_few_entries(real_client):
+    """Entries of one millisecond are cut at their own ids; never more ranges than entries."""
+    part = TopicPartition("orders", 0, "orders")
+    fill(real_client, "orders", [f"5-{i}" for i in range(40)])
+    sizes = planned_sizes(real_client, "orders", plan_ranges(real_client, part, START_ID, "5-39", min_pieces=4))
+    assert sizes == [10, 10, 10, 10]
+    assert planned_sizes(real_client, "orders", plan_ranges(real_client, part, "5-36", "5-39", min_pieces=8)) == [
+        1,
+        1,
+        1,
+    ]
+    assert len(plan_ranges(real_client, part, START_ID, "5-39", split_entries=SPLIT_ENTRIES)) == 1
 
 
 def test_batch_split_read_returns_every_entry_once(spark, real_client, redis_url):
@@ -127,6 +172,17 @@ def test_batch_split_read_returns_every_entry_once(spark, real_client, redis_url
     df = read(spark, redis_url, "splits", minPartitions="4")
     assert df.rdd.getNumPartitions() == 4
     assert sorted(int(bytes(r.body)) for r in df.collect()) == list(range(50))
+
+
+def test_a_one_partition_topic_from_earliest_is_read_by_every_task(spark, real_client, redis_url):
+    """The read planned in ranges gives every entry exactly once, and every range reads some."""
+    ids = [f"{1_800_000_000_000 + i // 50}-{i % 50}" for i in range(6_000)]
+    fill(real_client, "orders", ids)
+    df = read(spark, redis_url, "orders", minPartitions="4")
+    assert df.rdd.getNumPartitions() == 4
+    assert sorted(r.id for r in df.select("id").collect()) == sorted(ids)
+    per_task = df.rdd.mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect()
+    assert len(per_task) == 4 and min(per_task) > 0 and sum(per_task) == len(ids), per_task
 
 
 def stream_to_parquet(spark, redis_url, topics, path, checkpoint, **options):
@@ -194,6 +250,57 @@ def test_admission_control_shares_the_budget(real_client, redis_url):
     assert counts == {"busy": 4, "quiet": 2}
     everything = reader.latestOffset(end, ReadAllAvailable())
     assert sum(len(rows(reader.read(r))) for r in reader.partitions(end, everything)) == 5
+    reader.stop()
+
+
+def test_the_advance_is_paged_and_ends_where_one_walk_ends(real_client, redis_url):
+    """A budget larger than a page is walked a page per script call, to the same end as one walk of the budget; the
+    script refuses more than a page, so no call holds Redis for more than about 2 ms."""
+    from redis_txmq.scripts import script_source
+
+    source = script_source("stream_advance")
+    assert f"local page = {ADVANCE_PAGE}" in source
+    ids = [f"{1000 + i}-{i % 3}" for i in range(2 * ADVANCE_PAGE + 500)]
+    fill(real_client, "paged", ids)
+    advance = real_client.register_script(source)
+    assert advance(keys=["paged"], args=[START_ID, ids[-1], ADVANCE_PAGE]) == [
+        ADVANCE_PAGE,
+        ids[ADVANCE_PAGE - 1].encode(),
+    ]
+    for budget in (ADVANCE_PAGE + 1, 0, "1.5"):
+        with pytest.raises(Exception, match="budget must be an integer from 1 to"):
+            advance(keys=["paged"], args=[START_ID, ids[-1], budget])
+    options = {"redis.url": redis_url, "topics": "paged", "maxEntriesPerTrigger": str(2 * ADVANCE_PAGE + 300)}
+    reader = StreamReader(parse_options(options, streaming=True))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(2 * ADVANCE_PAGE + 300))
+    assert end == {"paged": {"0": ids[2 * ADVANCE_PAGE + 299]}}
+    rest = reader.latestOffset(end, ReadMaxRows(2 * ADVANCE_PAGE + 300))
+    assert rest == {"paged": {"0": ids[-1]}}, "the partition's head stops the walk within a page"
+    reader.stop()
+
+
+def test_a_large_micro_batch_is_planned_in_several_ranges(real_client, redis_url, monkeypatch):
+    """A micro-batch of four times the split size is four ranges, counted or probed; they read every entry once."""
+    import spark_connector.source as source
+
+    monkeypatch.setattr(source, "STREAM_SPLIT_ENTRIES", 500)
+    ids = [f"{1_800_000_000_000 + i // 20}-{i % 20}" for i in range(2_500)]
+    fill(real_client, "big", ids)
+    options = {"redis.url": redis_url, "topics": "big", "maxEntriesPerTrigger": "2000"}
+    reader = StreamReader(parse_options(options, streaming=True))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(2000))
+    ranges = reader.partitions(start, end)
+    assert len(ranges) == 4 and planned_sizes(real_client, "big", ranges) == [500] * 4, "counted: cut exactly"
+    read_ids = [row["id"] for r in ranges for row in rows(reader.read(r))]
+    assert read_ids == ids[:2000]
+    restarted = StreamReader(parse_options(options, streaming=True))
+    probed = restarted.partitions(start, end)  # a restart plans from the offset log, without the count
+    sizes = planned_sizes(real_client, "big", probed)
+    assert len(sizes) == 4 and sum(sizes) == 2000 and max(sizes) <= 1.5 * min(sizes), sizes
+    assert STREAM_SPLIT_ENTRIES > 500
+    restarted.stop()
     reader.stop()
 
 
