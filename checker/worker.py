@@ -495,6 +495,7 @@ class Checker:
         """Send the check requests of ``batch`` (streams on one master): retire the requests they replace, then
         add theirs. Each check comes back with what was sent, or with the error that kept it from being sent."""
         replaced = [check for check in batch if check.previous_request]
+        unread: set[str] = set()  # a retire that failed tells nothing: its checks stay counted
         try:
             unread = self._retire(replaced) if replaced else set()
             counted = {check.transaction_id: check.check_times - (check.transaction_id in unread) for check in batch}
@@ -516,8 +517,10 @@ class Checker:
             return [(check, _NotSentAfterUnread(exc) if check.transaction_id in unread else exc) for check in batch]
         outcomes: list[tuple[DueCheck, SentCheck | Exception]] = []
         for check, request_id in zip(batch, replies, strict=True):
-            if isinstance(request_id, Exception):
-                outcomes.append((check, request_id))
+            if isinstance(request_id, Exception):  # refused (out of memory; on a cluster, the slot moved)
+                outcomes.append(
+                    (check, _NotSentAfterUnread(request_id) if check.transaction_id in unread else request_id)
+                )
                 continue
             was_unread = check.transaction_id in unread
             outcomes.append(

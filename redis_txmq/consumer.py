@@ -18,7 +18,7 @@ from . import tracing
 from .consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from .entries import ConsumedMessage
 from .preload import preload
-from .synchronization import Event, maybe_await
+from .synchronization import Event, maybe_await, refuse_coroutine_function
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +141,10 @@ class Consumer(ConsumerProtocol):
         the message pending for re-delivery. Returns how many were handled, when stopped or at ``max_messages``.
         Lost connections are retried with backoff, as in iteration; so is the ack.
 
-        On asyncio, ``handler`` may be an ``def`` (awaited) or a plain function, which is called on the event
-        loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread(...)``)."""
+        On asyncio, ``handler`` may be a coroutine function (awaited) or a plain function, which is called on the
+        event loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread``). The sync consumer takes
+        plain functions only (a coroutine function raises :class:`~redis_txmq.errors.ConfigurationError`)."""
+        refuse_coroutine_function(handler, f"{self._where}: run()")
         return self._drive(self._run_steps(handler, max_messages))
 
     def close(self) -> None:

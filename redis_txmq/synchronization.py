@@ -19,6 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
+from .errors import ConfigurationError
+
 Event = threading.Event
 """``wait(timeout)`` returns whether it was set; ``set``, ``is_set``; thread-safe."""
 
@@ -51,8 +53,29 @@ async def async_maybe_await(value: Any) -> Any:
 
 
 def maybe_await(value: Any) -> Any:
-    """A sync shell calls plain functions only: the value itself."""
+    """A sync shell calls plain functions only: the value itself; an awaitable (a coroutine function passed where a
+    plain one belongs) is refused, never dropped unawaited as if it had run."""
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise ConfigurationError(
+            "a callback returned an awaitable, which a sync API cannot await: pass a plain function, or use the "
+            "redis_txmq.asyncio API"
+        )
     return value
+
+
+def async_refuse_coroutine_function(function: Any, where: str) -> None:
+    """An asyncio shell takes ``async def`` callbacks and plain ones alike."""
+
+
+def refuse_coroutine_function(function: Any, where: str) -> None:
+    """A sync shell refuses an ``async def`` callback at once (its result would never run)."""
+    if inspect.iscoroutinefunction(function):
+        raise ConfigurationError(
+            f"{where}: {getattr(function, '__name__', function)!r} is an async def function, which a sync API cannot "
+            "await: pass a plain function, or use the redis_txmq.asyncio API"
+        )
 
 
 Condition = threading.Condition

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pytest
+
 from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
 from redis_txmq.keys import CHECKER_INSTANCES, GroupKeys, TopicKeys
@@ -96,11 +98,12 @@ def test_a_failing_step_is_counted_and_retried_and_the_checker_lives_on(real_cli
             assert thread.is_alive()
 
 
-def test_a_request_deleted_unread_then_a_send_that_failed_spends_no_check(real_client, monkeypatch):
+@pytest.mark.parametrize("how", ["raised", "refused"])
+def test_a_request_deleted_unread_then_a_send_that_failed_spends_no_check(real_client, monkeypatch, how):
     """A checker retires the request it replaces (deleted: nobody read it) and then fails to send the new one (a
-    dropped connection, a failover): neither check reached a producer, so neither counts. Before, the unread one
-    stayed counted, one check of ``check_max`` spent per such failure, and a transaction no producer ever saw a
-    request for was dead-lettered."""
+    dropped connection, a failover: the pipeline raises; or the server refuses the XADD: out of memory, a moved
+    slot): neither check reached a producer, so neither counts. Before, the unread one stayed counted, one check of
+    ``check_max`` spent per such failure, and a transaction no producer ever saw a request for was dead-lettered."""
     import redis
 
     from redis_txmq.broker import RedisBroker
@@ -116,8 +119,11 @@ def test_a_request_deleted_unread_then_a_send_that_failed_spends_no_check(real_c
     def send_fails(pipe, *args, **kwargs):
         if failing["sends"] and any(command[0][0] == "XADD" for command in pipe.command_stack):
             failing["sends"] -= 1
+            count = len(pipe.command_stack)
             pipe.reset()
-            raise redis.ConnectionError("connection lost before the XADDs reached the server")
+            if how == "raised":
+                raise redis.ConnectionError("connection lost before the XADDs reached the server")
+            return [redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'")] * count
         return execute(pipe, *args, **kwargs)
 
     monkeypatch.setattr(redis.client.Pipeline, "execute", send_fails)
@@ -161,3 +167,36 @@ def test_a_producer_deletes_an_answered_request_before_it_acks_it(real_client):
     real_client.xdel(stream, request_id)  # the producer's first command
     acked, deleted = real_client.xack(stream, "producers", request_id), real_client.xdel(stream, request_id)  # checker
     assert (acked, deleted) == (1, 0), "the checker's retire must see it read (acked, not deleted by it)"
+
+
+def test_a_checker_whose_retire_of_replaced_requests_fails_goes_on(real_client, monkeypatch):
+    """Deleting the requests a round replaces fails (a dropped connection; on a cluster, that stream's master is
+    down): the round's checks are not sent, and the checker goes on with its next round instead of dying."""
+    import redis
+
+    from redis_txmq.broker import RedisBroker
+
+    settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=50)
+    broker = RedisBroker(real_client, settings)
+    broker.load_scripts()
+    broker.prepare_half(KEYS, Message(TOPIC, b"x"), "tx1", GROUP)
+    requests = GroupKeys(GROUP).check_requests
+    real_client.xgroup_create(requests, "producers", "0", mkstream=True)
+    failing = {"retires": 0}
+    execute = redis.client.Pipeline.execute
+
+    def retire_fails(pipe, *args, **kwargs):
+        if failing["retires"] and any(command[0][0] == "XDEL" for command in pipe.command_stack):
+            failing["retires"] -= 1
+            pipe.reset()
+            raise redis.ConnectionError("connection lost while deleting replaced requests")
+        return execute(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", retire_fails)
+    checker = Checker(real_client, settings)
+    wait_until(lambda: (checker.run_round(), real_client.xlen(requests) == 1)[1], 10)
+    failing["retires"] = 1
+    wait_until(lambda: (checker.run_round(), failing["retires"] == 0)[1], 10)
+    first = real_client.xrange(requests)[0][0]
+    wait_until(lambda: (checker.run_round(), real_client.xrange(requests)[-1][0] != first)[1], 10)
+    assert real_client.hexists(KEYS.inflight, "tx1")

@@ -634,3 +634,27 @@ def test_a_poll_of_a_partitioned_topic_raises_while_its_only_redis_is_down(api, 
     finally:
         c.close()
         publisher.close()
+
+
+def test_the_sync_consumer_refuses_an_async_handler_and_acks_nothing(real_client):
+    """An ``async def`` handler given to the sync consumer would return a coroutine that never runs, and the message
+    would be acked as handled: refused at once; a plain handler returning an awaitable is refused per message, which
+    stays pending."""
+    send(real_client, [COMMIT])
+    c = Consumer("orders", "billing", "c1", client=real_client, block=0.05)
+
+    async def bill(message: Any) -> None:
+        raise AssertionError("never runs")
+
+    with pytest.raises(ConfigurationError, match="async def"):
+        c.run(bill, max_messages=1)
+
+    def wrapped(message: Any) -> Any:
+        return bill(message)
+
+    runner = threading.Thread(target=c.run, args=(wrapped,), daemon=True)
+    runner.start()
+    wait_until(lambda: real_client.xpending("orders", "billing")["pending"] == 1)
+    c.close()
+    runner.join(10)
+    assert real_client.xpending("orders", "billing")["pending"] == 1, "nothing acked"

@@ -15,7 +15,7 @@ from typing import Any
 from .. import tracing
 from ..consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from ..entries import ConsumedMessage
-from ..synchronization import AsyncEvent, async_maybe_await
+from ..synchronization import AsyncEvent, async_maybe_await, async_refuse_coroutine_function
 from .preload import preload
 
 logger = logging.getLogger(__name__)
@@ -140,8 +140,10 @@ class Consumer(ConsumerProtocol):
         the message pending for re-delivery. Returns how many were handled, when stopped or at ``max_messages``.
         Lost connections are retried with backoff, as in iteration; so is the ack.
 
-        On asyncio, ``handler`` may be an ``async def`` (awaited) or a plain function, which is called on the event
-        loop: keep it quick, or hand blocking work to a thread (``await asyncio.to_thread(...)``)."""
+        On asyncio, ``handler`` may be a coroutine function (awaited) or a plain function, which is called on the
+        event loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread``). The sync consumer takes
+        plain functions only (a coroutine function raises :class:`~redis_txmq.errors.ConfigurationError`)."""
+        async_refuse_coroutine_function(handler, f"{self._where}: run()")
         return await self._drive(self._run_steps(handler, max_messages))
 
     async def close(self) -> None:

@@ -1,7 +1,7 @@
 """The wire: commands written on one connection in one write, the replies read back one by one.
 
 Every writer that sends more than one command at a time goes through here: the sync send path's script runner
-(:mod:`redis_txmq.direct`), the asyncio lane (:mod:`redis_txmq.asyncio.lane`), the one-way flusher (through the
+(:mod:`redis_txmq.direct`), the asyncio lane (``redis_txmq/asyncio/lane.py``), the one-way flusher (through the
 broker's runner) and the Spark writer's stage writes. With a durability level (:mod:`redis_txmq.durability`) the
 confirming ``WAIT`` / ``WAITAOF`` goes in the same write, after the commands, and its reply is read with theirs:
 one wait confirms every command of the write. A write that had to be sent again (a connection error) cannot be
@@ -23,7 +23,7 @@ from ..durability import Durability
 
 Packer = Callable[[tuple[Any, ...]], bytes] | None
 ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
-"""``(script, keys, args)``: a redis-py ``Script`` or ``AsyncScript``, its KEYS and ARGV."""
+"""``(script, keys, args)``: a redis-py script object (sync or asyncio), its KEYS and ARGV."""
 
 
 async def exchange(
