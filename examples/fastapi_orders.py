@@ -245,7 +245,10 @@ def create_app(redis_url: str, database_url: str, **options: Any) -> FastAPI:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="An order service on FastAPI and SQLAlchemy: POST /orders saves an order and publishes it on "
+        "the orders topic, both or neither (--role billing invoices them)."
+    )
     parser.add_argument("--redis-url", default=os.environ.get("TXMQ_REDIS_URL", "redis://localhost:6379/0"))
     parser.add_argument("--database-url", default="sqlite+aiosqlite:///orders.db")
     parser.add_argument("--host", default="127.0.0.1")
