@@ -12,6 +12,9 @@ properties) by pipelined XADD. Each round then times, in an order rotated from r
 - ``loop``: one process, XRANGE pages of 1,000, each entry decoded as a consumer decodes it (``decode_topic_entry``);
 - ``lean``: one process, XRANGE pages of 1,000, only a tuple of the raw fields built per entry.
 
+The topic has one partition (one stream), read from ``earliest``: the figures ``rows_per_task`` (the entries each
+Spark task read) and ``plan_ms`` (the driver's planning, its probes included) show how the read was split.
+
 The machine's speed varies between runs, so the figures compared are the per-round ratios (median, min and max):
 ``spark_vs_lean``, ``spark_vs_loop``, ``noop_vs_lean``. One untimed run of each goes first (Spark starts its JVM and
 Python workers on the first query). The loops read 1,000 entries per call, their fastest page size (larger pages
@@ -156,6 +159,8 @@ def measure(redis_url: str, entries: int, rounds: int) -> dict[str, Any]:
         "entries": entries,
         "rounds": rounds,
         "spark_partitions": df.rdd.getNumPartitions(),
+        "rows_per_task": df.rdd.mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect(),
+        "plan_ms": plan_ms(redis_url),
         **{f"{name}_rows_per_s": round(statistics.median(rates[name])) for name in names},
         "spark_vs_lean": spread([s / p for s, p in zip(rates["spark"], rates["lean"], strict=True)]),
         "spark_vs_loop": spread([s / p for s, p in zip(rates["spark"], rates["loop"], strict=True)]),
@@ -168,6 +173,20 @@ def measure(redis_url: str, entries: int, rounds: int) -> dict[str, Any]:
     client.delete(TOPIC, STEADY_TOPIC)
     client.close()
     return result
+
+
+def plan_ms(redis_url: str) -> float:
+    """How long the driver takes to plan the batch read (the median of five)."""
+    from spark_connector.options import parse_options
+    from spark_connector.source import BatchReader
+
+    reader = BatchReader(parse_options({"redis.url": redis_url, "topics": TOPIC}, streaming=False))
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        reader.partitions()
+        times.append(time.perf_counter() - start)
+    return round(statistics.median(times) * 1000, 1)
 
 
 def batch_figures(progress: list[Any]) -> dict[str, float]:
