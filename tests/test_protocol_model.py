@@ -403,6 +403,28 @@ class ProtocolModel(RuleBasedStateMachine):
         finally:
             broker.__dict__.pop("bury_half", None)
 
+    @rule(step=st.sampled_from(["XDEL", "XADD"]), how=st.sampled_from(["raised", "refused"]))
+    def round_whose_check_requests_fail(self, step: str, how: str) -> None:
+        """A check round whose deletes of the requests it replaces (XDEL) or whose new requests (XADD) fail: the
+        pipeline raises (a dropped connection, a failover) or the server refuses each command (out of memory). The
+        round's checks are not sent, their count is given back, the checker goes on."""
+        execute = redis.client.Pipeline.execute
+
+        def failing(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+            if not any(command[0][0] == step for command in pipe.command_stack):
+                return execute(pipe, *args, **kwargs)
+            count = len(pipe.command_stack)
+            pipe.reset()
+            if how == "raised":
+                raise redis.ConnectionError("connection lost")
+            return [redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'")] * count
+
+        redis.client.Pipeline.execute = failing  # type: ignore[method-assign]
+        try:
+            self._round()
+        finally:
+            redis.client.Pipeline.execute = execute  # type: ignore[method-assign]
+
     @rule(pick=st.integers(0, 7), action=st.sampled_from([DeadAction.COMMIT, DeadAction.ROLLBACK]))
     def operator_crashes_before_releasing(self, pick: int, action: DeadAction) -> None:
         """``txmq dead commit|rollback`` resolves, then its process dies before it releases the record; the
