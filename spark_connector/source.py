@@ -479,29 +479,37 @@ def _probe(client: Any, stream: str, start: str, end: str, spans: list[tuple[int
     return segments
 
 
+COARSE_PROBES = 4
+"""Segments a range of unknown size is probed in first, to skip the full probing when it is one range's worth (a
+segment counts its denser end; a burst between two quiet ends is missed, and is read as one range)."""
+
+
 def _halves(segment: _Segment) -> list[tuple[int, int]]:
     middle = (segment.low + segment.high) // 2
     return [(segment.low, middle), (middle + 1, segment.high)]
 
 
-def _estimate(client: Any, stream: str, start: str, end: str, low: int, spans: int) -> list[_Segment]:
+def _estimate(
+    client: Any, stream: str, start: str, end: str, low: int, spans: int, calls: int = PROBE_CALLS
+) -> list[_Segment]:
     """The range's entries per millisecond segment: ``spans`` even segments, then the densest segments whose count
     is only estimated are halved and probed again, round by round, up to :data:`PROBE_CALLS` probes. A burst
     after a quiet hour is found (the quiet segments come back exact, the burst's are halved), which an id-time
-    density from the first id, the last id and the length alone would spread over the hour."""
+    density from the first id, the last id and the length alone would spread over the hour. ``calls`` bounds the
+    segments probed."""
     high = parse_entry_id(end)[0]
-    spans = max(1, min(spans, high - low + 1, PROBE_CALLS))
+    spans = max(1, min(spans, high - low + 1, calls))
     bounds = [low + (high - low + 1) * i // spans for i in range(spans + 1)]
     segments = _probe(client, stream, start, end, [(bounds[i], bounds[i + 1] - 1) for i in range(spans)])
-    calls = len(segments)
-    while calls + 2 <= PROBE_CALLS:
+    used = len(segments)
+    while used + 2 <= calls:
         unsure = [s for s in segments if not s.exact and s.high > s.low]
         capped = sorted(unsure, key=lambda s: s.count - len(s.ids) - len(s.tail), reverse=True)
-        capped = capped[: (PROBE_CALLS - calls) // 2]
+        capped = capped[: (calls - used) // 2]
         if not capped:
             break
         halves = _probe(client, stream, start, end, [span for s in capped for span in _halves(s)])
-        calls += len(halves)
+        used += len(halves)
         replaced = {id(s) for s in capped}
         segments = sorted([s for s in segments if id(s) not in replaced] + halves, key=lambda s: s.low)
     return segments
@@ -560,6 +568,10 @@ def plan_ranges(
     low = max(parse_entry_id(start)[0], parse_entry_id(first_id)[0])
     if low > parse_entry_id(end)[0]:
         return [whole]
+    if known is None:  # a glance first: a micro-batch of a long stream is most often small
+        glance = sum(s.count for s in _estimate(client, part.stream, start, end, low, COARSE_PROBES, COARSE_PROBES))
+        if pieces_for(glance, min_pieces, split_entries) <= 1:
+            return [whole]
     segments = _estimate(client, part.stream, start, end, low, PROBE_CALLS // 2)
     total = sum(s.count for s in segments)
     pieces = min(pieces_for(known if known is not None else total, min_pieces, split_entries), int(total))

@@ -292,13 +292,15 @@ def test_a_large_micro_batch_is_planned_in_several_ranges(real_client, redis_url
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(2000))
     ranges = reader.partitions(start, end)
-    assert len(ranges) == 4 and planned_sizes(real_client, "big", ranges) == [500] * 4, "counted: cut exactly"
+    assert len(ranges) == 4 and planned_sizes(real_client, "big", ranges) == [500] * 4, "probes that see every entry"
     read_ids = [row["id"] for r in ranges for row in rows(reader.read(r))]
     assert read_ids == ids[:2000]
     restarted = StreamReader(parse_options(options, streaming=True))
     probed = restarted.partitions(start, end)  # a restart plans from the offset log, without the count
     sizes = planned_sizes(real_client, "big", probed)
     assert len(sizes) == 4 and sum(sizes) == 2000 and max(sizes) <= 1.5 * min(sizes), sizes
+    small = restarted.partitions(end, {"big": {"0": ids[2_299]}})
+    assert [(r.start, r.end) for r in small] == [(ids[1_999], ids[2_299])], "300 entries: one range"
     assert STREAM_SPLIT_ENTRIES > 500
     restarted.stop()
     reader.stop()
@@ -452,6 +454,23 @@ def test_created_topic_is_empty_not_missing_on_a_cluster(cluster_url):
         create_topic(cluster, "fresh", 4)
         assert sorted(t["stream"] for t in status(cluster, 15)["topics"]) == [f"fresh#{p}" for p in range(4)]
         assert batch_rows(cluster_url, "fresh", **{"redis.cluster": "true"}) == []
+    finally:
+        cluster.close()
+
+
+def test_a_partition_is_planned_by_entries_on_a_cluster(cluster_url):
+    """The probes go through a cluster client's pipeline and its dict replies alike."""
+    from redis.cluster import RedisCluster
+
+    cluster = RedisCluster.from_url(cluster_url)
+    try:
+        cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
+        ids = [f"{1_800_000_000_000 + i // 30}-{i % 30}" for i in range(3_000)]
+        fill(cluster, "planned", ids)
+        options = {"redis.url": cluster_url, "redis.cluster": "true", "topics": "planned", "minPartitions": "3"}
+        ranges = BatchReader(parse_options(options, streaming=False)).partitions()
+        sizes = planned_sizes(cluster, "planned", ranges)
+        assert len(sizes) == 3 and sum(sizes) == len(ids) and max(sizes) <= 1.5 * min(sizes), sizes
     finally:
         cluster.close()
 
