@@ -176,6 +176,24 @@ async def async_server_info(node: Any, *sections: str) -> dict[str, Any]:
     return info
 
 
+def connection_error_of(exc: BaseException) -> redis.ConnectionError | None:
+    """The connection error an ``AttributeError`` / ``TypeError`` raised inside redis-py's connection code stands
+    for, else None. redis-py's asyncio connection raises them when its socket is closed under a write (its writer
+    set to None by a concurrent disconnect, e.g. a cluster node reset during the connect handshake: redis-py issue
+    3546): a caller that retries or reports connection errors must see one, not a crash."""
+    if not isinstance(exc, (AttributeError, TypeError)):
+        return None
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    filename = frame.tb_frame.f_code.co_filename.replace("\\", "/") if frame is not None else ""
+    if "/redis/" not in filename or not filename.endswith("connection.py"):
+        return None
+    error = redis.ConnectionError(f"connection lost under a write ({type(exc).__name__}: {exc})")
+    error.__cause__ = exc
+    return error
+
+
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a cluster client, sync or asyncio."""
     return isinstance(client, RedisCluster) or is_async_cluster(client)

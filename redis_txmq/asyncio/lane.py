@@ -31,7 +31,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.sentinel
 
-from ..connection import REDIRECTIONS, REDIS_ERRORS, hiredis_packer, is_async_cluster
+from ..connection import REDIRECTIONS, REDIS_ERRORS, connection_error_of, hiredis_packer, is_async_cluster
 from ..durability import Durability
 from ..errors import DurabilityError
 from .wire import run_scripts
@@ -140,6 +140,15 @@ class AsyncScriptRunner:
 
     async def run(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """EVALSHA ``script``; returns the reply, raises ``redis.RedisError`` (or :class:`DurabilityError`)."""
+        try:
+            return await self._run(script, keys, args)
+        except (AttributeError, TypeError) as exc:
+            error = connection_error_of(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    async def _run(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         if self._lane is not None:
             return await self._lane.call(script, keys, args)
         if self.durability is None:
