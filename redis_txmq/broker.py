@@ -18,7 +18,7 @@ from typing import Any
 
 from . import protocol
 from .config import Settings
-from .connection import REDIS_ERRORS, server_info, server_nodes
+from .connection import REDIS_ERRORS, connection_errors, server_info, server_nodes
 from .direct import ScriptRunner
 from .durability import check_servers, durability_unchecked
 from .errors import DurabilityError, TxMQConnectionError, TxMQError
@@ -129,8 +129,9 @@ class RedisBroker:
             return
         with self._registry_lock:
             if stream not in self._registered:
-                protocol.refuse_topic_key(self.client.type(stream), keys, message, transaction_id)
-                self.client.sadd(TOPIC_REGISTRY, stream)
+                with connection_errors():
+                    protocol.refuse_topic_key(self.client.type(stream), keys, message, transaction_id)
+                    self.client.sadd(TOPIC_REGISTRY, stream)
                 self._registered.add(stream)
 
     def prepare_half(

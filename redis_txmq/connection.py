@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -192,6 +193,18 @@ def connection_error_of(exc: BaseException) -> redis.ConnectionError | None:
     error = redis.ConnectionError(f"connection lost under a write ({type(exc).__name__}: {exc})")
     error.__cause__ = exc
     return error
+
+
+@contextlib.contextmanager
+def connection_errors() -> Iterator[None]:
+    """Around a Redis call: :func:`connection_error_of` applied to what it raises."""
+    try:
+        yield
+    except (AttributeError, TypeError) as exc:
+        error = connection_error_of(exc)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def is_cluster(client: Any) -> bool:

@@ -24,7 +24,7 @@ from . import tracing
 from .broker import RedisBroker
 from .check_handler import CheckRequestHandler, Registrations
 from .config import Settings
-from .connection import REDIS_ERRORS, instance_id, resolve_client
+from .connection import REDIS_ERRORS, connection_errors, instance_id, resolve_client
 from .errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from .keys import topic_meta_key
 from .listener import TransactionListener, local_state
@@ -237,7 +237,8 @@ class TransactionProducer:
             partitions = self._router.known(sent.topic)
             if partitions is None:
                 try:
-                    count = count_of(self.client.hget(topic_meta_key(sent.topic), "partitions"))
+                    with connection_errors():
+                        count = count_of(self.client.hget(topic_meta_key(sent.topic), "partitions"))
                 except REDIS_ERRORS as exc:
                     raise routing_error(sent, exc) from exc
                 partitions = self._router.remember(sent.topic, count)

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import protocol
 from ..config import Settings
-from ..connection import REDIS_ERRORS, async_server_info, async_server_nodes
+from ..connection import REDIS_ERRORS, async_server_info, async_server_nodes, connection_errors
 from ..durability import check_servers, durability_unchecked
 from ..errors import DurabilityError, TxMQConnectionError, TxMQError
 from ..keys import TOPIC_REGISTRY, TopicKeys, decision_key
@@ -127,8 +127,9 @@ class AsyncRedisBroker:
             return
         async with self._registry_lock:
             if stream not in self._registered:
-                protocol.refuse_topic_key(await self.client.type(stream), keys, message, transaction_id)
-                await self.client.sadd(TOPIC_REGISTRY, stream)
+                with connection_errors():
+                    protocol.refuse_topic_key(await self.client.type(stream), keys, message, transaction_id)
+                    await self.client.sadd(TOPIC_REGISTRY, stream)
                 self._registered.add(stream)
 
     async def prepare_half(

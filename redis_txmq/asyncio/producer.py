@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import tracing
 from ..config import Settings
-from ..connection import REDIS_ERRORS, instance_id, resolve_client
+from ..connection import REDIS_ERRORS, connection_errors, instance_id, resolve_client
 from ..errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from ..keys import topic_meta_key
 from ..listener import TransactionListener as SyncTransactionListener  # async-only
@@ -243,7 +243,8 @@ class TransactionProducer:
             partitions = self._router.known(sent.topic)
             if partitions is None:
                 try:
-                    count = count_of(await self.client.hget(topic_meta_key(sent.topic), "partitions"))
+                    with connection_errors():
+                        count = count_of(await self.client.hget(topic_meta_key(sent.topic), "partitions"))
                 except REDIS_ERRORS as exc:
                     raise routing_error(sent, exc) from exc
                 partitions = self._router.remember(sent.topic, count)
