@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from . import tracing
-from .connection import connection_error_of
+from .connection import connection_errors
 from .consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from .entries import ConsumedMessage
 from .preload import preload
@@ -66,13 +66,8 @@ class Consumer(ConsumerProtocol):
 
     def _perform(self, effect: Effect) -> Any:
         if isinstance(effect, Command):
-            try:
+            with connection_errors():
                 return effect.apply(self.client, self._scripts)
-            except (AttributeError, TypeError) as exc:
-                error = connection_error_of(exc)
-                if error is None:
-                    raise
-                raise error from exc
         if isinstance(effect, Pause):
             return self._stop.wait(effect.seconds)
         message = effect.message

@@ -44,10 +44,11 @@ def test_an_attribute_error_inside_redis_connection_code_is_a_connection_error()
 def test_an_asyncio_send_whose_socket_is_closed_under_its_write_raises_prepare_error(redis_url: str) -> None:
     async def scenario() -> None:
         async with TransactionProducer("order_group", ScriptedListener(), redis_url=redis_url) as producer:
+
             async def closed_under_write(*args: Any, **kwargs: Any) -> Any:
                 raise raised_inside_redis(AttributeError, "'NoneType' object has no attribute 'writelines'")
 
-            producer.broker.runner._run = closed_under_write  # type: ignore[method-assign]
+            producer.broker.runner._lane.call = closed_under_write  # type: ignore[union-attr,method-assign]
             with pytest.raises(PrepareError, match="connection lost under a write"):
                 await producer.send_message_in_transaction(Message("orders", b"x"))
 

@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import tracing
-from ..connection import connection_error_of
+from ..connection import connection_errors
 from ..consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
 from ..entries import ConsumedMessage
 from ..synchronization import AsyncEvent, async_maybe_await, async_refuse_coroutine_function
@@ -65,13 +65,8 @@ class Consumer(ConsumerProtocol):
 
     async def _perform(self, effect: Effect) -> Any:
         if isinstance(effect, Command):
-            try:
+            with connection_errors():
                 return await effect.apply(self.client, self._scripts)
-            except (AttributeError, TypeError) as exc:
-                error = connection_error_of(exc)
-                if error is None:
-                    raise
-                raise error from exc
         if isinstance(effect, Pause):
             return await self._stop.wait(effect.seconds)
         message = effect.message

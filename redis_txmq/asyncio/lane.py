@@ -31,10 +31,10 @@ import redis
 import redis.asyncio
 import redis.asyncio.sentinel
 
-from ..connection import REDIRECTIONS, REDIS_ERRORS, connection_error_of, hiredis_packer, is_async_cluster
+from ..connection import REDIRECTIONS, REDIS_ERRORS, connection_errors, hiredis_packer, is_async_cluster
 from ..durability import Durability
 from ..errors import DurabilityError
-from .wire import run_scripts
+from .wire import ScriptCall, run_scripts
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
 _DIRECT_POOLS = (
@@ -140,22 +140,14 @@ class AsyncScriptRunner:
 
     async def run(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """EVALSHA ``script``; returns the reply, raises ``redis.RedisError`` (or :class:`DurabilityError`)."""
-        try:
-            return await self._run(script, keys, args)
-        except (AttributeError, TypeError) as exc:
-            error = connection_error_of(exc)
-            if error is None:
-                raise
-            raise error from exc
+        with connection_errors():
+            if self._lane is not None:
+                return await self._lane.call(script, keys, args)
+            if self.durability is None:
+                return await script(keys=keys, args=args)
+            return await self._run_on_master(script, keys, args)
 
-    async def _run(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        if self._lane is not None:
-            return await self._lane.call(script, keys, args)
-        if self.durability is None:
-            return await script(keys=keys, args=args)
-        return await self._run_on_master(script, keys, args)
-
-    async def run_many(self, calls: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]]) -> list[Any]:
+    async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Every call at once (a lane sends them in one pipeline; each script is atomic on its own). Returns one reply
         per call, in order, a refused call's ``redis.ResponseError`` in its place (on a cluster, a call whose master
         failed has its error in its place too: the others went on); a connection error of the lane is raised, and a
