@@ -95,8 +95,68 @@ def table(results: dict[str, Any]) -> Table:
     return out
 
 
+LATENCY_MODES = {"xadd": "XADD", "sync": "sync send", "delivery": "delivery"}
+
+
+def _latency_caption(latency: dict[str, Any]) -> str:
+    lines = []
+    during = latency.get("capacity_in_rounds")
+    if during:
+        lines.append(
+            f"the same back-to-back sends during the rounds: {during['median']:,.0f} tx/s "
+            f"(p10 {during['p10']:,.0f}, p90 {during['p90']:,.0f})"
+        )
+    consumer = latency.get("consumer_cpu_us_per_message")
+    for row in latency["rows"]:
+        if row["mode"] == "delivery" and row.get("client_cpu_us_per_send") is not None and consumer is not None:
+            lines.append(
+                f"CPU per message, delivery at {row['load']:.0%}: sender {row['client_cpu_us_per_send']:.0f} µs, "
+                f"Redis {row['server_cpu_us_per_send']:.0f} µs, consumer {consumer:.0f} µs (over the run)"
+            )
+    return "\n".join(lines)
+
+
+def latency_table(results: dict[str, Any]) -> Table | None:
+    """p50 / p99 / p99.9 per mode and load of the latency part (open-loop, from the scheduled start); None without
+    it."""
+    latency = results.get("latency")
+    if not latency:
+        return None
+    out = Table(
+        title=f"latency from the scheduled start, open-loop at 50% / 90% of a sync send's capacity "
+        f"({latency['capacity_per_s']:,.0f} tx/s, one thread); delivery: commit to consumer",
+        caption=_latency_caption(latency),
+        show_lines=False,
+    )
+    for column in ("load", "mode", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "sent/s", "samples"):
+        out.add_column(column, justify="left" if column in ("load", "mode") else "right")
+
+    def ms(value: float | None) -> str:
+        return "–" if value is None else f"{value:.2f}"
+
+    for row in latency["rows"]:
+        samples = f"{row['samples']:,}"
+        if row["mode"] == "delivery" and row["delivered"] < row["sent"]:
+            samples += f" of {row['sent']:,} sent"
+        out.add_row(
+            f"{row['load']:.0%} {row['target_per_s']:,.0f}/s",
+            LATENCY_MODES.get(row["mode"], row["mode"]),
+            ms(row["p50_ms"]),
+            ms(row["p99_ms"]),
+            ms(row["p999_ms"]),
+            ms(row["max_ms"]),
+            f"{row['achieved_per_s']:,.0f}",
+            samples,
+        )
+    return out
+
+
 def print_table(results: dict[str, Any], console: Console | None = None) -> None:
-    (console or Console()).print(table(results))
+    console = console or Console()
+    console.print(table(results))
+    latency = latency_table(results)
+    if latency is not None:
+        console.print(latency)
 
 
 def write_json(results: dict[str, Any], path: Path) -> None:

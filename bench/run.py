@@ -19,6 +19,7 @@ from redis_txmq.embedded import EmbeddedRedis, embedded_cluster
 from .checkback import checkback_at_scale
 from .common import delete_groups
 from .durability import compare_durability
+from .latency import measure_latency
 from .memory import MemoryProbe
 from .processes import WorkerPool, producer_scaling
 from .send import compare_send
@@ -42,6 +43,11 @@ class BenchOptions:
     spark: bool = False
     spark_rows: int = 200_000
     spark_rounds: int = 3
+    latency: bool = True
+    latency_seconds: float = 8.0
+    """Seconds of open-loop sending per mode and load of the latency part, split over ``latency_rounds``."""
+    latency_rounds: int = 8
+    latency_calibration: float = 2.0
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchOptions:
@@ -58,6 +64,9 @@ class BenchOptions:
             memory_wait=False,
             spark_rows=5_000,
             spark_rounds=1,
+            latency_seconds=0.4,
+            latency_rounds=2,
+            latency_calibration=0.3,
         )
         return cls(**(values | overrides))
 
@@ -97,6 +106,19 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
 
         task = progress.add_task("send: sync / one-way / XADD rounds", total=options.rounds)
         results["send"] = compare_send(client, options.rounds, options.per_round, lambda: progress.advance(task))
+
+        if options.latency:
+            task = progress.add_task(
+                "latency: capacity, then XADD / sync / delivery at 50% and 90%", total=1 + 6 * options.latency_rounds
+            )
+            results["latency"] = measure_latency(
+                url,
+                client,
+                options.latency_seconds,
+                options.latency_rounds,
+                options.latency_calibration,
+                lambda: progress.advance(task),
+            )
 
         task = progress.add_task("server CPU: XADD / sync / one-way rounds", total=options.rounds)
         results["server_cpu"] = compare_server_cpu(

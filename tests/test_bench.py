@@ -44,6 +44,12 @@ def test_quick_bench_reports_every_part_and_leaves_no_bench_keys(real_client, re
     assert "master" in results["durability"]["per_s"]
     (checkback,) = results["checkback"]
     assert checkback["in_flight"] == 200 and checkback["exactly_once"] and checkback["checkbacks_per_s"] > 0
+    latency = results["latency"]
+    assert latency["capacity_per_s"] > 0 and "latency from the scheduled start" in run.stdout
+    assert {(r["mode"], r["load"]) for r in latency["rows"]} == {
+        (m, load) for m in ("xadd", "sync", "delivery") for load in (0.5, 0.9)
+    }
+    assert all(r["samples"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] <= r["p999_ms"] for r in latency["rows"])
     memory = results["memory"]
     assert memory["in_flight_bytes_per_tx"] > 0 and memory["finished_bytes_per_tx_after_window"] is None
     assert chart_path.read_bytes().startswith(b"\x89PNG")
