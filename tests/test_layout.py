@@ -4,12 +4,13 @@ which producer instances a checker must treat as writers of an older key layout.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from redis_txmq import Settings, TransactionProducer
+from redis_txmq import Settings
 from redis_txmq.errors import TxMQError
 from redis_txmq.heartbeat import Heartbeat
 from redis_txmq.keys import GROUP_REGISTRY, GroupKeys
@@ -174,15 +175,15 @@ def test_a_client_that_decodes_replies(redis_url: str, real_client: redis.Redis)
         assert legacy_producers(text_client) == [("shop", "old")]
 
 
-def test_a_running_producer_records_its_layout(real_client: redis.Redis) -> None:
+def test_a_running_producer_records_its_layout(real_client: redis.Redis, make_producer: Any) -> None:
+    """The sync and the asyncio producer: a record beside its heartbeat while it runs, none once it shut down."""
     settings = Settings(heartbeat_interval=0.2)
-    with TransactionProducer("shop", ScriptedListener(), client=real_client, settings=settings) as producer:
+    with make_producer("shop", ScriptedListener(), client=real_client, settings=settings):
         instance = wait_until(lambda: real_client.hkeys(group_layouts_key("shop")))[0]
         assert real_client.zscore(GroupKeys("shop").producers, instance) is not None
         assert real_client.hget(group_layouts_key("shop"), instance) == str(LAYOUT_VERSION).encode()
-        assert real_client.sismember(GROUP_REGISTRY, "shop")
+        wait_until(lambda: real_client.sismember(GROUP_REGISTRY, "shop"))
         assert legacy_producers(real_client) == []
-        assert producer is not None
     assert layouts(real_client, "shop") == {}
 
 
