@@ -97,6 +97,8 @@ class Fleet:
     old_code: Path
     folder: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    topics: dict[str, str] = field(default_factory=dict)
+    """Producer name -> the topic it sends to."""
 
     def code(self, release: str) -> Path:
         return {"old": self.old_code, "new": ROOT}[release]
@@ -118,6 +120,7 @@ class Fleet:
     def producer(self, name: str, release: str, *options: str, group: str = "shop", topic: str = "orders") -> None:
         """A producer of ``roles.py`` named ``name`` (its bodies begin with it; its ledger is ``<name>.ledger``)."""
         ledger = self.folder / f"{name}.ledger"
+        self.topics[name] = topic
         self.start(name, release, [str(ROLES), group, topic, name, str(ledger), *options])
 
     def checker(self, name: str, release: str) -> None:
@@ -139,10 +142,15 @@ class Fleet:
         self.alive(name)
         return "sent" in self.ledger(name)
 
-    def prepared(self) -> list[str]:
-        """The bodies of every transaction any producer of this test prepared."""
-        return [line.split(" ", 1)[1] for p in self.folder.glob("*.ledger") for line in p.read_text().splitlines()
-                if line.startswith("prepared ")]
+    def prepared(self, topic: str) -> list[str]:
+        """The bodies of every transaction the producers of this test prepared in ``topic``."""
+        return [
+            line.split(" ", 1)[1]
+            for name, sent_to in self.topics.items()
+            if sent_to == topic
+            for line in self.ledger(name)
+            if line.startswith("prepared ")
+        ]
 
     def alive(self, name: str) -> None:
         status = self.processes[name].poll()
@@ -200,7 +208,7 @@ def settled(fleet: Fleet, client: redis.Redis, topic: str) -> bool:
     if figures["in_flight"]:
         return False
     committed = committed_bodies(client, topic)
-    return all(body in committed for body in fleet.prepared() if commits(body))
+    return all(body in committed for body in fleet.prepared(topic) if commits(body))
 
 
 def assert_exactly_once(fleet: Fleet, client: redis.Redis, topic: str, timeout: float = 30) -> int:
@@ -209,7 +217,7 @@ def assert_exactly_once(fleet: Fleet, client: redis.Redis, topic: str, timeout: 
     from .roles import commits
 
     wait_until(lambda: settled(fleet, client, topic), timeout=timeout, interval=0.1)
-    prepared = fleet.prepared()
+    prepared = fleet.prepared(topic)
     assert len(prepared) == len(set(prepared)), "a body was prepared twice"
     committed = committed_bodies(client, topic)
     expected = {body for body in prepared if commits(body)}
