@@ -67,7 +67,7 @@ class TopicChecker(Checker):
     bench's short timeouts) transactions of real topics."""
 
     def __init__(self, client: Any, settings: Any, topics: list[str], **options: Any) -> None:
-        super().__init__(client, settings, **options)
+        super().__init__(client, settings, only_topics=topics, **options)
         self._bench_topics = [TopicKeys(topic) for topic in topics]
 
     def topics(self) -> list[TopicKeys]:

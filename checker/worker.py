@@ -1,6 +1,7 @@
 """The check-back worker (RocketMQ's TransactionalMessageCheckService), run as ``txmq checker``.
 
-One round: for every registered topic stream, claim the transactions due for a check (``lua/claim_checks.lua``:
+One round: for every topic stream the checkers' schedule says is due (:mod:`checker.schedule`; on a full pass, also
+every registered topic it does not cover), claim the transactions due for a check (``lua/claim_checks.lua``:
 counted, rescheduled or dead-lettered atomically, so N checkers never check one transaction twice per interval)
 and send a check request to the transaction's producer group; then apply the answers of the reply stream through
 the producer's own end script. Checkers read the reply stream through one consumer group: the answers a dead
@@ -14,7 +15,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ from redis_txmq.keys import (
     TopicKeys,
     topic_keys_of_stream,
 )
+from redis_txmq.layout import legacy_producers
 from redis_txmq.message import LocalTransactionState
 from redis_txmq.protocol import (
     DueCheck,
@@ -61,6 +63,7 @@ from redis_txmq.protocol import (
 )
 
 from .metrics import CheckerMetrics
+from .schedule import TopicProbe, due_topic_keys, probe_topics
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +95,12 @@ class _NotSentAfterUnread(Exception):
 SCAN_BATCHES = 10
 """Claim calls per topic in one scan (each up to ``batch_size`` transactions)."""
 
+DUE_TOPICS_PER_ROUND = 1000
+"""Topics of the schedule looked at in one round; more due: the next round starts right away."""
+
+_Look = tuple[str, str, str]
+"""What a look at a topic saw, for the schedule: ``(topic stream, seen_ms, next_ms)``."""
+
 
 class Checker:
     """One checker instance. :meth:`run` loops until its stop event is set; :meth:`run_round` does one round."""
@@ -105,6 +114,8 @@ class Checker:
         batch_size: int = 100,
         scan_interval: float | None = None,
         sweep_interval: float = 60.0,
+        full_pass_interval: float = 60.0,
+        only_topics: Collection[str] | None = None,
         metrics: CheckerMetrics | None = None,
     ) -> None:
         self.client = client
@@ -114,6 +125,11 @@ class Checker:
         self.batch_size = batch_size
         self.scan_interval = scan_interval or min(1.0, self.settings.check_interval / 2)
         self.sweep_interval = sweep_interval
+        self.full_pass_interval = full_pass_interval
+        """Seconds between two full passes over every registered topic (:mod:`checker.schedule`)."""
+        self.only_topics = frozenset(only_topics) if only_topics is not None else None
+        """The topics this checker looks after (None: all): a demo or a benchmark must not check other services'
+        transactions with its short timeouts."""
         self.metrics = metrics or CheckerMetrics()
         self.metrics.watch(self.settings)
         self.heartbeat = Heartbeat.of_checker(client, self.instance_id, self.settings)
@@ -121,6 +137,12 @@ class Checker:
             client, REPLY_STREAM, CHECKERS_CONSUMER_GROUP, self.instance_id, self.settings.claim_idle
         )
         self._next_sweep = 0.0
+        self._next_full_pass = 0.0
+        self._next_legacy_check = 0.0
+        self._legacy: list[tuple[str, str]] = []
+        self._bad_schedule_members: set[str] = set()
+        self._failed_looks: dict[str, TopicKeys] = {}
+        self._in_flight: dict[str, int] = {}
         self._sweep_cursors: dict[str, str] = {}
         self._bad_registry_members: set[str] = set()
         self._last_topics: list[TopicKeys] | None = None
@@ -242,6 +264,8 @@ class Checker:
                     len(self._last_topics),
                 )
             return self._last_topics
+        if self.only_topics is not None:
+            topics = [keys for keys in topics if keys.topic in self.only_topics]
         if self._registry_unreachable:
             self._registry_unreachable = False
             logger.info("checker %s: the topic registry %s can be read again", self.instance_id, TOPIC_REGISTRY)
@@ -249,15 +273,36 @@ class Checker:
         return topics
 
     def scan(self) -> RoundStats:
-        """Claim due transactions of every topic and send their check requests. A topic that fails (damaged keys,
-        its cluster master down) is logged, counted in ``txmq_checker_topic_errors`` and skipped: the other topics
-        and the replies go on."""
+        """Look at the topics due in the checkers' schedule (on a full pass, also at every registered topic the
+        schedule does not cover): claim their due transactions, send the check requests, write back when to look
+        at each next. A topic that fails (damaged keys, its cluster master down) is logged, counted in
+        ``txmq_checker_topic_errors`` and skipped: it stays due, the other topics and the replies go on."""
         stats = RoundStats()
-        topics = self.topics()
+        now = time.monotonic()
+        legacy = self._legacy_producers(now)
+        probes: list[TopicProbe] | None = None
+        looked: list[TopicKeys] = []
+        if legacy or now >= self._next_full_pass or now >= self._next_sweep:
+            topics = self.topics()
+            self._next_full_pass = now + self.full_pass_interval
+            if legacy:
+                looked = topics  # a producer that never wakes a topic is about: every topic, every round
+            else:
+                probes = probe_topics(self.client, topics, self.settings)
+                looked = [probe.keys for probe in probes if probe.uncovered]
+                self._in_flight = {probe.keys.topic_stream: probe.in_flight for probe in probes if not probe.error}
+        try:
+            due = self._due_topics(stats)
+        except TxMQError as exc:
+            logger.warning("checker %s: %s; looking at every topic this round", self.instance_id, exc)
+            due = [] if legacy else self.topics()
+        retried = list(self._failed_looks.values())  # a topic whose look failed is tried again each round
+        looking = list({keys.topic_stream: keys for keys in [*due, *looked, *retried]}.values())
         failed: dict[str, BaseException] = {}
-        for keys in topics:
+        looks: list[_Look] = []
+        for keys in looking:
             try:
-                self._scan_topic(keys, stats)
+                looks.append(self._scan_topic(keys, stats))
             except (*REDIS_ERRORS, TxMQError) as exc:
                 failed[keys.topic_stream] = exc
                 self.metrics.topic_errors.labels(keys.topic).inc()
@@ -268,16 +313,57 @@ class Checker:
                     keys.topic_stream,
                     exc,
                 )
+        self._failed_looks = {stream: keys for keys in looking if (stream := keys.topic_stream) in failed}
+        self._guarded("schedule", functools.partial(self.broker.schedule_topics, looks))
         self._guarded("write jobs", lambda: settle_jobs(self.client, self.settings))
         if time.monotonic() >= self._next_sweep:
-            stats.dead_lettered += self._sweep(topics)
+            stats.dead_lettered += self._sweep(self._last_topics or [], probes)
             self._next_sweep = time.monotonic() + self.sweep_interval
-        self._observe_in_flight(topics)
-        self.metrics.topics_scanned(topics, failed)
-        self._guarded("observe", functools.partial(self.metrics.observe, self.client, topics))
+        self._observe_in_flight(looking)
+        self.metrics.topics_scanned(looking, failed)
+        self._guarded("observe", functools.partial(self.metrics.observe, self.client, self._last_topics or looking))
         return stats
 
-    def _scan_topic(self, keys: TopicKeys, stats: RoundStats) -> None:
+    def _due_topics(self, stats: RoundStats) -> list[TopicKeys]:
+        """The topics the schedule says are due now (a member that is no topic stream key is dropped from it)."""
+        seen_ms, streams = self.broker.due_topics(DUE_TOPICS_PER_ROUND)
+        stats.more_due |= len(streams) >= DUE_TOPICS_PER_ROUND
+        due, bad = due_topic_keys(streams, self._bad_schedule_members)
+        if self.only_topics is not None:
+            due = [keys for keys in due if keys.topic in self.only_topics]
+        if bad:
+            self.broker.schedule_topics([(stream, seen_ms, "") for stream in bad])
+        return due
+
+    def _legacy_producers(self, now: float) -> list[tuple[str, str]]:
+        """The producers of a layout before the schedule (they never wake a topic) present now, read once per
+        heartbeat interval; while there are any, every round looks at every topic, as their version's checker
+        did. Unreadable (a master down): as if there were one."""
+        if now < self._next_legacy_check:
+            return self._legacy
+        self._next_legacy_check = now + self.settings.heartbeat_interval
+        try:
+            legacy = legacy_producers(self.client, self.settings.heartbeat_interval)
+        except (*REDIS_ERRORS, TxMQError) as exc:
+            # cannot tell: behave as if one were there (the rounds of the version before the schedule)
+            legacy = [("?", f"unknown ({exc})")]
+        if legacy and not self._legacy:
+            logger.warning(
+                "checker %s: %d producer(s) of an earlier version (%s) present: every round looks at every topic "
+                "until they are gone (upgrade them: docs/upgrade.md)",
+                self.instance_id,
+                len(legacy),
+                ", ".join(f"{group}/{instance}" for group, instance in legacy[:5]),
+            )
+        elif self._legacy and not legacy:
+            logger.info(
+                "checker %s: no producer of an earlier version left: rounds follow the schedule",
+                self.instance_id,
+            )
+        self._legacy = legacy
+        return legacy
+
+    def _scan_topic(self, keys: TopicKeys, stats: RoundStats) -> _Look:
         # at most SCAN_BATCHES claims per topic per scan: a backlog of one topic does not hold back the
         # answers (and the other topics) until all of it has been requested
         for batch in range(SCAN_BATCHES):
@@ -291,9 +377,10 @@ class Checker:
             self.broker.drop_check_requests(claimed.abandoned_requests)
             stats.checks_sent += self._send_requests(keys, claimed.to_check)
             if len(claimed.to_check) + len(claimed.dead_lettered) + len(claimed.given_up) < self.batch_size:
-                return
+                break
             if batch == SCAN_BATCHES - 1:
                 stats.more_due = True
+        return keys.topic_stream, claimed.seen_ms, claimed.next_ms
 
     def _settle_decided(self, keys: TopicKeys, due: list[DueCheck]) -> tuple[list[DueCheck], list[DueCheck]]:
         """End the messages of transactions of several messages that their record settles without asking anybody:
@@ -593,10 +680,22 @@ class Checker:
             notes.append(SentCheck(check.transaction_id, "", str(check.check_times - 1)))
         return notes
 
-    def _sweep(self, topics: list[TopicKeys]) -> int:
-        """Look at a slice of every half stream for entries no transaction owns (written by another tool)."""
+    def _sweep(self, topics: list[TopicKeys], probes: list[TopicProbe] | None) -> int:
+        """Look at a slice of the half streams for entries no transaction owns (written by another tool), and
+        resolve the dead letters of decided transactions of several messages: of the topics a full pass found
+        with half entries or dead letters (every topic when there was no probe)."""
+        if probes is not None:
+            with_half = [probe.keys for probe in probes if probe.half_entries or probe.error]
+            with_dead = {probe.keys.topic_stream for probe in probes if probe.dead_letters or probe.error}
+        else:
+            with_half, with_dead = topics, {keys.topic_stream for keys in topics}
+        self._sweep_cursors = {
+            stream: c
+            for stream, c in self._sweep_cursors.items()
+            if stream in with_dead | {keys.topic_stream for keys in with_half}
+        }
         buried_total = 0
-        for keys in topics:
+        for keys in with_half:
             cursor = self._sweep_cursors.get(keys.topic_stream, CURSOR_START)
             try:
                 cursor, buried = self.broker.sweep_half(keys, cursor, self.batch_size)
@@ -611,6 +710,9 @@ class Checker:
                 logger.error("topic=%s half entry %s dead-lettered: %s", keys.topic, entry_id, reason)
                 self.metrics.dead_letters.labels(keys.topic).inc()
             buried_total += len(buried)
+        for keys in topics:
+            if keys.topic_stream not in with_dead:
+                continue
             try:
                 self._resolve_dead_of_decided(keys)
             except (*REDIS_ERRORS, TxMQError) as exc:
@@ -635,15 +737,23 @@ class Checker:
         ]
         return self._resolve_decided(keys, decided) if decided else 0
 
-    def _observe_in_flight(self, topics: list[TopicKeys]) -> None:
-        """``txmq_in_flight{topic}``: the sum over the topic's partitions."""
+    def _observe_in_flight(self, looked: list[TopicKeys]) -> None:
+        """``txmq_in_flight{topic}``: the sum over the topic's partitions, as a full pass read them and as read
+        again of the topics looked at this round."""
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for keys in looked:
+                    pipe.hlen(keys.inflight)
+                counts = pipe.execute(raise_on_error=False)
+        except REDIS_ERRORS:
+            counts = []  # counted as topic errors by the scan; the gauges keep their last values
+        for keys, count in zip(looked, counts, strict=False):
+            if not isinstance(count, Exception):
+                self._in_flight[keys.topic_stream] = int(count)
         totals: dict[str, int] = {}
-        for keys in topics:
-            try:
-                count = int(self.client.hlen(keys.inflight))
-            except REDIS_ERRORS:
-                continue  # counted as a topic error by the scan; the gauge keeps its last value
-            totals[keys.topic] = totals.get(keys.topic, 0) + count
+        for stream, count in self._in_flight.items():
+            topic = topic_keys_of_stream(stream).topic
+            totals[topic] = totals.get(topic, 0) + count
         for topic, count in totals.items():
             self.metrics.in_flight.labels(topic).set(count)
 

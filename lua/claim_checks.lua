@@ -14,8 +14,12 @@
 -- ARGV[6] dedupe_window_ms         outcomes (and op records) older than this are forgotten, up to 1000 per call
 -- Reply: {'OK', {{transaction_id, half_id, check_times, half_fields, previous_request_id}, ...},
 --              {{transaction_id, reason, producer_group, request_id}, ...},
---              {{transaction_id, half_id, reason, producer_group, parent_transaction_id}, ...}}
---        (to check; dead-lettered; given up) or {'ERR', 'BADARG', detail}. A request id ('' for none) names the
+--              {{transaction_id, half_id, reason, producer_group, parent_transaction_id}, ...},
+--              seen_ms, next_ms}
+--        (to check; dead-lettered; given up; the server time of this look; when to look at the topic next: its
+--        earliest check due, or when its oldest remembered outcome leaves the dedupe window, '' when it holds
+--        neither — the caller writes both to the checkers' schedule, lua/schedule_topics.lua)
+--        or {'ERR', 'BADARG', detail}. A request id ('' for none) names the
 --        transaction's pending check request in its producer group's stream (another hash slot): the caller
 --        deletes it, so a transaction has at most one pending request and none once it is dead-lettered.
 
@@ -80,4 +84,18 @@ for _, txid in ipairs(candidates) do
     to_check[#to_check + 1] = {txid, half_id, check_times + 1, entries[1][2], redis.call('HGET', requests, txid) or ''}
   end
 end
-return {'OK', to_check, buried, given_up}
+
+local next_ms = nil
+local first = redis.call('ZRANGE', unchecked, 0, 0, 'WITHSCORES')
+if #first > 0 then
+  next_ms = tonumber(first[2]) + timeout_ms
+end
+first = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+if #first > 0 and (not next_ms or tonumber(first[2]) < next_ms) then
+  next_ms = tonumber(first[2])
+end
+first = redis.call('ZRANGE', ended_at, 0, 0, 'WITHSCORES')
+if #first > 0 and (not next_ms or tonumber(first[2]) + window_ms < next_ms) then
+  next_ms = tonumber(first[2]) + window_ms
+end
+return {'OK', to_check, buried, given_up, string.format('%d', now), next_ms and string.format('%d', next_ms) or ''}

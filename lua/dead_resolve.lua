@@ -2,7 +2,9 @@
 -- COMMIT appends the message to the topic stream and writes the op record in this one call; RECHECK puts the
 -- transaction back in flight (new half message, check count reset, due now). Idempotent like end_transaction.
 -- COMMIT and ROLLBACK apply the outcome with the text end_transaction runs (lua/include/apply_outcome.lua).
--- KEYS: the topic keys of topic_keys.lua.
+-- KEYS: the topic keys of topic_keys.lua; with KEYS[14] (schedule), RECHECK wakes the topic there (its check is due
+--       now); without it the caller does (Cluster: `ZADD txmq:schedule <ms of the new half id> <topic stream>`
+--       after this call: a look that missed the recheck ran before it, so that score is at or after the look's).
 -- ARGV[1] transaction_id
 -- ARGV[2] action             COMMIT | ROLLBACK | RECHECK
 -- ARGV[3] dedupe_window_ms
@@ -69,6 +71,9 @@ if action == 'RECHECK' then
   redis.call('HSET', inflight, txid, half_id)
   redis.call('HDEL', checks, txid)
   redis.call('ZADD', due, now, txid)
+  if schedule then
+    redis.call('ZADD', schedule, now, topic_stream)
+  end
   if remark ~= '' then
     redis.call('HSET', remarks, txid, remark)
   end

@@ -1,5 +1,6 @@
 -- prepare_half: write the half message of a new transaction (SPEC §4.2). Consumers cannot see it.
--- KEYS: the topic keys of topic_keys.lua (uses half_stream, inflight, ended, unchecked, due, dead_index).
+-- KEYS: the topic keys of topic_keys.lua (uses half_stream, inflight, ended, unchecked, due, dead_index, and
+--       schedule when passed).
 -- ARGV[1] transaction_id        client-made, unique; a retried call with the same id writes nothing new
 -- ARGV[2] producer_group        the group whose live producers answer check-backs
 -- ARGV[3] topic                 topic name (the message's, without partition suffix)
@@ -11,8 +12,17 @@
 -- ARGV[9] check_immunity_ms     the message's own check immunity, '' to use the checker's transaction_timeout
 -- ARGV[10] parent_transaction_id  for one message of a transaction of several: that transaction's id (its
 --                                 decision: decide_transaction.lua); '' or absent for a transaction of one message
--- Reply: {'OK', half_id, state, 'NEW' | 'DUPLICATE'} or {'ERR', code, detail}.
--- One of the two calls of every send: no helper functions (see topic_keys.lua), seven commands on the common path.
+-- Reply: {'OK', half_id, state, 'NEW' | 'DUPLICATE', wake} or {'ERR', code, detail}. wake is '' or, when the
+--        topic must be woken in the checkers' schedule and KEYS[14] was not passed, the time (ms) to score it at:
+--        the caller writes `ZADD txmq:schedule <wake> <topic stream>` after this call (Cluster).
+-- Wake: the schedule holds each topic at or before its earliest check due (keys.SCHEDULE). A transaction that
+-- joins a non-empty `unchecked` is due no earlier than the oldest one there (same immunity, born later), which the
+-- schedule already covers; the first one into an empty `unchecked`, and any with its own immunity (it may be due
+-- sooner), wakes the topic: scored at its birth, a checker looks at it in its next round. The score is set, not
+-- only lowered: a look that did not see this transaction (made before it) wrote nothing yet, or wrote before the
+-- wake; its write keeps a score at or after its own time (lua/schedule_topics.lua), and born is that.
+-- One of the two calls of every send: no helper functions (see topic_keys.lua), seven commands on the common path
+-- (eight, with the wake, when nothing else of the topic is unchecked).
 -- The topic key's type is checked when a process first sends to the topic (redis_txmq.protocol.refuse_topic_key),
 -- not here; the end refuses to commit onto a key of another type and keeps the transaction in flight.
 
@@ -64,9 +74,17 @@ end
 
 half_id = redis.call('XADD', half_stream, '*', unpack(fields))
 redis.call('HSET', inflight, txid, half_id)
+local wake = born_ms
 if immunity_ms then
   redis.call('ZADD', due, string.format('%d', tonumber(born_ms) + immunity_ms), txid)
 else
+  if redis.call('EXISTS', unchecked) == 1 then
+    wake = ''
+  end
   redis.call('ZADD', unchecked, born_ms, txid)
 end
-return {'OK', half_id, 'PREPARED', 'NEW'}
+if wake ~= '' and schedule then
+  redis.call('ZADD', schedule, wake, topic_stream)
+  wake = ''
+end
+return {'OK', half_id, 'PREPARED', 'NEW', wake}

@@ -19,10 +19,13 @@
 -- KEYS[12] dead_index    hash    transaction id -> entry id in dead_stream
 -- KEYS[13] requests      hash    transaction id -> entry id of its pending check request (in its group's stream,
 --                                another slot: the caller deletes the entry when a script returns its id)
+-- KEYS[14] schedule      zset    optional, txmq:schedule: topic stream -> when a checker looks at it next (another
+--                                slot: passed only where one call may touch both, i.e. not on Cluster; the
+--                                scripts that wake a topic then write it, else reply that the caller must)
 --
 -- Replies are tables: {'OK', ...} or {'ERR', code, detail}; the Python side maps codes to exceptions.
 
 local half_stream, op_stream, dead_stream, topic_stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local inflight, ended, ended_at = KEYS[5], KEYS[6], KEYS[7]
 local unchecked, due, checks, remarks, dead_index = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local requests = KEYS[13]
+local requests, schedule = KEYS[13], KEYS[14]

@@ -19,6 +19,7 @@ from .keys import (
     JOB_REGISTRY,
     PREFIX,
     REPLY_STREAM,
+    SCHEDULE,
     TOPIC_REGISTRY,
 )
 from .message import validate_name
@@ -43,6 +44,7 @@ TRANSACTION_COMMANDS = (
     "hincrby",
     "hlen",
     "hmget",
+    "hgetall",
     "hscan",
     "sadd",
     "smembers",
@@ -54,6 +56,7 @@ TRANSACTION_COMMANDS = (
     "zcard",
     "zrange",
     "zrangebyscore",
+    "zscore",
     "zremrangebyscore",
     "xadd",
     "xlen",
@@ -165,12 +168,13 @@ def acl_rules(
         if not groups:
             raise ConfigurationError("ACL rules for a producer: name its producer group")
         keys = _topic_keys(topics) + [f"{PREFIX}:group:{{{g}}}:*" for g in groups]
-        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM, DECISIONS]
+        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, SCHEDULE, REPLY_STREAM, DECISIONS]
         commands = TRANSACTION_COMMANDS
     elif role == "checker":
         group_keys = [f"{PREFIX}:group:{{{g}}}:*" for g in groups] or [f"{PREFIX}:group:*"]
         keys = _topic_keys(topics) + group_keys
-        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, REPLY_STREAM, CHECKER_INSTANCES, CHECKER_LEVELS, DECISIONS, *JOBS]
+        keys += [TOPIC_REGISTRY, GROUP_REGISTRY, SCHEDULE, REPLY_STREAM, CHECKER_INSTANCES, CHECKER_LEVELS, DECISIONS]
+        keys += JOBS
         commands = (*TRANSACTION_COMMANDS, "xinfo|groups")  # the consumer groups' lag (metrics, txmq status)
     elif role == "consumer":
         if not consumer_group:

@@ -261,13 +261,9 @@ def _run_checker(redis_url: str, settings: Settings, topic: str, stop: threading
     """A checker of ``topic`` only: the demo must not check (or time) other services' transactions."""
     from checker import Checker
 
-    class TopicChecker(Checker):
-        def topics(self) -> list[Any]:
-            return [keys for keys in super().topics() if keys.topic == topic]
-
     client = connect(redis_url)
     try:
-        TopicChecker(client, settings, scan_interval=0.1).run(stop)
+        Checker(client, settings, scan_interval=0.1, only_topics={topic}).run(stop)
     finally:
         client.close()
 
@@ -394,6 +390,17 @@ def demo(redis_url: str | None, spark: bool) -> None:
     show_envvar=True,
     help="Failed scans in a row of one topic stream after which /readyz answers 503.",
 )
+@click.option(
+    "--full-pass-interval",
+    type=click.FloatRange(min=1.0),
+    default=60.0,
+    show_default=True,
+    envvar="TXMQ_CHECKER_FULL_PASS_INTERVAL",
+    show_envvar=True,
+    help="Seconds between two passes over every registered topic (cheap reads in pipelines) that find what the "
+    "schedule of due topics missed: on Redis Cluster, a transaction whose producer died between its prepare and "
+    "waking its topic waits this long for its check-back at most.",
+)
 def checker(
     redis_url: str | None,
     cluster: bool | None,
@@ -407,6 +414,7 @@ def checker(
     metrics_port: int | None,
     stall_after: float,
     ready_topic_failures: int,
+    full_pass_interval: float,
 ) -> None:
     """Run the check-back worker until SIGTERM or SIGINT; run several for availability.
 
@@ -445,7 +453,14 @@ def checker(
     )
     client = _client_once_reachable(settings, stop, metrics)
     if client is not None:
-        Checker(client, settings, instance_id=instance, batch_size=batch_size, metrics=metrics).run(stop)
+        Checker(
+            client,
+            settings,
+            instance_id=instance,
+            batch_size=batch_size,
+            full_pass_interval=full_pass_interval,
+            metrics=metrics,
+        ).run(stop)
 
 
 def _client_once_reachable(settings: Settings, stop: threading.Event, metrics: Any = None) -> Any:

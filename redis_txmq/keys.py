@@ -23,9 +23,12 @@ key                                   type    holds
 ``txmq:{S}:consumer-dead:<group>``    stream  entries a consumer group gave up on (delivery limit)
 ``txmq:topic:{T}``                    hash    topic T's metadata: ``partitions`` (absent: one partition)
 ``txmq:topics``                       set     registry of topic stream keys that have seen a transaction
+``txmq:schedule``                     zset    topic stream key -> when (server ms) a checker looks at it next: rounds
+                                              visit what is due, not every registered topic (SPEC §4.5)
 ``txmq:groups``                       set     registry of producer groups that have started a producer
 ``txmq:group:{G}:check``              stream  check requests for producer group G (read by its producers)
 ``txmq:group:{G}:producers``          zset    producer instance -> last heartbeat (ms, server clock)
+``txmq:group:{G}:layouts``            hash    producer instance -> the key layout version it writes (0.1.0: none)
 ``txmq:replies``                      stream  check answers from producers (read by the checkers)
 ``txmq:checkers``                     zset    checker instance -> last heartbeat (ms, server clock)
 ``txmq:group:{G}:durability``         hash    producer instance -> durability level (``txmq status``)
@@ -57,6 +60,12 @@ from .message import validate_name
 
 PREFIX = "txmq"
 TOPIC_REGISTRY = f"{PREFIX}:topics"
+SCHEDULE = f"{PREFIX}:schedule"
+"""Topic stream key -> the server time (ms) a checker looks at that topic next: the earliest check due of its
+in-flight transactions, or when its oldest remembered outcome leaves the dedupe window; absent while it holds
+neither. Checkers write it after a look (``lua/schedule_topics.lua``); a prepare into a topic with nothing
+unchecked "wakes" it (scores it at the prepare's time): in the prepare script itself where the schedule may be
+passed beside the topic keys (one server), else from the client right after (Cluster)."""
 GROUP_REGISTRY = f"{PREFIX}:groups"
 REPLY_STREAM = f"{PREFIX}:replies"
 CHECKER_INSTANCES = f"{PREFIX}:checkers"
@@ -157,6 +166,15 @@ class TopicKeys:
         """KEYS of every transaction script, in the order ``lua/topic_keys.lua`` binds them."""
         return self._script_keys
 
+    def scheduled_script_keys(self) -> list[str]:
+        """:meth:`script_keys` and :data:`SCHEDULE` (``KEYS[14]``), for the scripts that wake the topic in the
+        checkers' schedule, on a server where one call may touch both (not Cluster: another hash slot)."""
+        return self._scheduled_script_keys
+
+    @cached_property
+    def _scheduled_script_keys(self) -> list[str]:
+        return [*self._script_keys, SCHEDULE]
+
     @cached_property
     def _script_keys(self) -> list[str]:
         return [
@@ -189,6 +207,12 @@ class GroupKeys:
     @property
     def producers(self) -> str:
         return f"{PREFIX}:group:{{{self.producer_group}}}:producers"
+
+    @property
+    def layouts(self) -> str:
+        """Producer instance -> the key layout version it writes (:mod:`redis_txmq.layout`), beside ``producers``
+        in one slot: the heartbeat script writes both."""
+        return f"{PREFIX}:group:{{{self.producer_group}}}:layouts"
 
     @property
     def durability_levels(self) -> str:

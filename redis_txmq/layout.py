@@ -18,7 +18,7 @@ import redis
 from . import entries
 from .connection import REDIS_ERRORS
 from .errors import TxMQConnectionError, TxMQError
-from .keys import GROUP_REGISTRY, PREFIX, GroupKeys
+from .keys import GROUP_REGISTRY, GroupKeys
 from .message import validate_name
 
 logger = logging.getLogger(__name__)
@@ -27,16 +27,17 @@ LAYOUT_VERSION = 2
 """The key layout this code writes. Layout 1 is release 0.1.0's, which writes no layout record."""
 
 
-# moves to redis_txmq/keys.py (GroupKeys), with its row in the layout table there and in docs/reference/keys.md
 def group_layouts_key(group: str) -> str:
-    """Producer instance -> the key layout version it writes, for producer group ``group``: in the hash slot of the
-    group's instances zset (``GroupKeys(group).producers``), so that the heartbeat script writes both."""
-    return f"{PREFIX}:group:{{{group}}}:layouts"
+    """Producer instance -> the key layout version it writes, for producer group ``group``
+    (:attr:`redis_txmq.keys.GroupKeys.layouts`)."""
+    return GroupKeys(group).layouts
 
 
-def legacy_producers(client: Any) -> list[tuple[str, str]]:
+def legacy_producers(client: Any, heartbeat_interval: float = 5.0) -> list[tuple[str, str]]:
     """``(producer group, instance)`` of every producer instance that its group's heartbeat zset still lists (live,
-    or gone and not dropped yet) and that has no layout record of :data:`LAYOUT_VERSION` or later: an instance of
+    or gone for less than the heartbeat's drop time, ten live periods of ``heartbeat_interval``: an instance of a
+    group none of whose producers runs any more is not dropped by anybody, and must not hold every checker in
+    full rounds for ever) and that has no layout record of :data:`LAYOUT_VERSION` or later: an instance of
     release 0.1.0 (which records none) or of an older layout. Sorted; empty when every listed instance writes the
     current layout.
 
@@ -59,9 +60,14 @@ def legacy_producers(client: Any) -> list[tuple[str, str]]:
             logger.error("group registry %s: %r is not a producer group name; skipped", GROUP_REGISTRY, member)
     if not groups:
         return []
+    try:
+        seconds, micros = client.time()
+    except REDIS_ERRORS as exc:
+        raise TxMQConnectionError(f"cannot read the server's time: {exc}") from exc
+    since_ms = int(seconds) * 1000 + int(micros) // 1000 - int(heartbeat_interval * 3000) * 10
     pipe = client.pipeline(transaction=False)
     for group in groups:
-        pipe.zrange(GroupKeys(group).producers, 0, -1)
+        pipe.zrangebyscore(GroupKeys(group).producers, since_ms, "+inf")
         pipe.hgetall(group_layouts_key(group))
     try:
         replies = pipe.execute(raise_on_error=False)

@@ -27,7 +27,7 @@ from .errors import (
     TxMQConnectionError,
     TxMQError,
 )
-from .keys import PRODUCERS_CONSUMER_GROUP, GroupKeys, TopicKeys
+from .keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, TopicKeys
 from .message import LocalTransactionState, Message
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ class PrepareResult:
     half_id: str
     state: str
     duplicate: bool
+    wake: str = ""
+    """'' or the time (server ms) to score the topic at in the checkers' schedule: the prepare could not write it
+    (no :data:`~redis_txmq.keys.SCHEDULE` in its keys, Cluster) and the caller must."""
 
 
 @dataclass(slots=True)
@@ -115,6 +118,10 @@ class ClaimResult:
     abandoned_requests: list[tuple[str, str]] = field(default_factory=list)
     """``(producer group, request id)`` of the check requests of the dead-lettered transactions."""
     given_up: list[GivenUp] = field(default_factory=list)
+    seen_ms: str = ""
+    """The server time of the claim: what the checker writes to the schedule is as of then."""
+    next_ms: str = ""
+    """When to look at the topic next ('' for nothing to look at): see ``lua/schedule_topics.lua``."""
 
 
 class DeadAction(str, enum.Enum):
@@ -297,10 +304,10 @@ def refuse_topic_key(kind: Any, keys: TopicKeys, message: Message, transaction_i
 
 
 def prepare_result(reply: Any, message: Message, transaction_id: str) -> PrepareResult:
-    status, first, second, third, fourth = reply_strings(reply, 5)
+    status, first, second, third, wake = reply_strings(reply, 5)
     if status != "OK":
         raise PrepareError(f"topic {message.topic!r}, transaction {transaction_id}: prepare refused: {first} {second}")
-    return PrepareResult(half_id=first, state=second, duplicate=third == "DUPLICATE")
+    return PrepareResult(half_id=first, state=second, duplicate=third == "DUPLICATE", wake=wake)
 
 
 def end_args(end: EndCall, settings: Settings) -> list[Any]:
@@ -391,8 +398,27 @@ def claim_result(reply: Any, keys: TopicKeys) -> ClaimResult:
     ]
     dead = [(text(txid) or "", text(reason) or "") for txid, reason, _, _ in reply[2]]
     abandoned = [(text(group) or "", text(request) or "") for _, _, group, request in reply[2] if text(request)]
-    given_up = [GivenUp(*(text(value) or "" for value in item)) for item in (reply[3] if len(reply) > 3 else [])]
-    return ClaimResult(to_check, dead, [(g, r) for g, r in abandoned if g], given_up)
+    given_up = [GivenUp(*(text(value) or "" for value in item)) for item in reply[3]]
+    seen_ms, next_ms = text(reply[4]) or "", text(reply[5]) or ""
+    return ClaimResult(to_check, dead, [(g, r) for g, r in abandoned if g], given_up, seen_ms, next_ms)
+
+
+def due_topics_result(reply: Any) -> tuple[str, list[str]]:
+    """``(now_ms, topic streams)`` of ``lua/due_topics.lua``."""
+    if entries.text(reply[0]) != "OK":
+        raise TxMQError(f"the checkers' schedule {SCHEDULE} could not be read: {reply_strings(reply, 3)[1:]}")
+    return entries.text(reply[1]) or "", [entries.text(stream) or "" for stream in reply[2]]
+
+
+def schedule_result(reply: Any) -> None:
+    """Raise what ``lua/schedule_topics.lua`` refused."""
+    if entries.text(reply[0]) != "OK":
+        raise TxMQError(f"the checkers' schedule {SCHEDULE} was not written: {reply_strings(reply, 3)[1:]}")
+
+
+def schedule_call_error(exc: Exception, what: str) -> TxMQConnectionError:
+    """A failed read or write of the checkers' schedule; the checker retries it next round."""
+    return TxMQConnectionError(f"could not {what} the checkers' schedule {SCHEDULE}: {exc}; retried next round")
 
 
 def bury_result(reply: Any, keys: TopicKeys) -> tuple[str, str]:

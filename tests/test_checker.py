@@ -39,6 +39,7 @@ from redis_txmq.keys import (
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
     REPLY_STREAM,
+    SCHEDULE,
     TOPIC_REGISTRY,
     GroupKeys,
     TopicKeys,
@@ -585,6 +586,7 @@ def test_duplicate_late_and_forged_replies_never_append_twice(client, caplog):
     reply(client, "c", "COMMIT", halves["c"])
     assert checker.run_round().replies_applied == 1
     client.zadd(KEYS.ended_at, {"c": 0})  # its outcome is now older than the dedupe window
+    client.zadd(SCHEDULE, {TOPIC: 0})  # and the checkers' schedule says so
     reply(client, "c", "COMMIT", halves["c"])
     reply(client, "c", "ROLLBACK", halves["c"])
     assert checker.run_round().replies_applied == 0

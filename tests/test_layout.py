@@ -124,9 +124,23 @@ def test_instances_without_a_current_record_are_legacy(real_client: redis.Redis)
     old_beat(real_client, "shop", "old").beat()
     producer_beat(real_client, "billing", "older-layout", layout=LAYOUT_VERSION - 1).beat()
     producer_beat(real_client, "billing", "newer-layout", layout=LAYOUT_VERSION + 1).beat()
-    real_client.zadd(GroupKeys("billing").producers, {"garbled": 1})  # listed, with a record that is no number
+    real_client.zadd(GroupKeys("billing").producers, {"garbled": server_ms(real_client)})  # a record, not a number
     real_client.hset(group_layouts_key("billing"), "garbled", "two")
     assert legacy_producers(real_client) == [("billing", "garbled"), ("billing", "older-layout"), ("shop", "old")]
+
+
+def server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_an_old_instance_gone_longer_than_the_drop_time_is_not_legacy(real_client: redis.Redis) -> None:
+    """Nobody drops the entry of a group none of whose producers runs any more: past the heartbeat's drop time
+    (ten live periods) it no longer holds the checkers in full rounds."""
+    register(real_client, "shop")
+    real_client.zadd(GroupKeys("shop").producers, {"long-gone": server_ms(real_client) - 151_000})
+    assert legacy_producers(real_client, heartbeat_interval=5.0) == []
+    assert legacy_producers(real_client, heartbeat_interval=6.0) == [("shop", "long-gone")]
 
 
 def test_an_old_instance_is_legacy_while_listed_gone_or_not_and_not_after_leave_or_drop(
@@ -136,7 +150,8 @@ def test_an_old_instance_is_legacy_while_listed_gone_or_not_and_not_after_leave_
     old, crashed = old_beat(real_client, "shop", "old"), old_beat(real_client, "shop", "crashed")
     old.beat()
     crashed.beat()
-    real_client.zadd(GroupKeys("shop").producers, {"crashed": 1_000})  # gone: not live, not dropped yet
+    gone = server_ms(real_client) - 40_000  # gone: not live, not dropped yet (its heartbeat drops at 30 s)
+    real_client.zadd(GroupKeys("shop").producers, {"crashed": gone})
     assert legacy_producers(real_client) == [("shop", "crashed"), ("shop", "old")]
     old.leave()  # release 0.1.0's leave: its zset entry is gone; the crashed one's is dropped by this call too
     assert legacy_producers(real_client) == []

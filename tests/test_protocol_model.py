@@ -39,7 +39,7 @@ from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer, create_topic
 from redis_txmq.admin import dead_letters, resolve_dead_transaction
 from redis_txmq.errors import PrepareError, TransactionConflictError, TransactionError, TxMQConnectionError
-from redis_txmq.keys import PRODUCERS_CONSUMER_GROUP, GroupKeys, decision_key, topic_keys_of_stream
+from redis_txmq.keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, decision_key, topic_keys_of_stream
 from redis_txmq.protocol import DeadAction, EndSource, RecordAction
 
 pytestmark = pytest.mark.real
@@ -112,8 +112,14 @@ class ProtocolModel(RuleBasedStateMachine):
         self.producer._state = "running"
         self.handler = self.producer._check_handler
         self.handler._set_up()
-        self.checker = Checker(self.client, SETTINGS)
+        # rounds follow the checkers' schedule alone: the one full pass (over an empty server) is spent at once, and
+        # another comes only when a rule asks for it (full_pass)
+        self.checker = Checker(self.client, SETTINGS, full_pass_interval=1e9, sweep_interval=1e9)
         self.checker.start()
+        self.checker.scan()
+        self.unwoken: set[str] = set()
+        """Topic streams a prepare did not wake (its producer died before its wake, on Cluster): until a full
+        pass, the schedule need not cover them."""
         self.last_round_ms = 0
         self.bodies = 0
         self.local: dict[str, str] = {}
@@ -163,11 +169,22 @@ class ProtocolModel(RuleBasedStateMachine):
             broker.runner.__dict__.pop(name, None)
         broker.__dict__.pop("end_transactions", None)
 
-    @rule(target=singles, topic=st.sampled_from(TOPICS), fault=st.sampled_from(["none", "none", "lost", "refused"]))
+    @rule(
+        target=singles,
+        topic=st.sampled_from(TOPICS),
+        fault=st.sampled_from(["none", "none", "lost", "refused", "unwoken"]),
+    )
     def open_single(self, topic: str, fault: str) -> Any:
+        """``unwoken``: the prepare is one of a producer that wakes its topic from the client (Cluster) and did
+        not get to (or of a version that never does): the schedule does not know, a full pass finds it."""
         body = self._body()
         handle = self.producer.transaction(Message(topic, body, keys=body.decode()))
-        if fault != "none":
+        broker = self.producer.broker
+        if fault == "unwoken":
+            broker._wake_in_script = False
+            broker._wake = lambda *args: None
+            self.unwoken |= {stream for stream in STREAMS if stream.partition("#")[0] == topic}
+        elif fault != "none":
             self._lose_next_reply(before=fault == "refused")
         try:
             handle.__enter__()
@@ -176,6 +193,8 @@ class ProtocolModel(RuleBasedStateMachine):
             return None
         finally:
             self._restore()
+            broker._wake_in_script = True
+            broker.__dict__.pop("_wake", None)
         self.running.add(handle.transaction_id)
         self.returned[handle.transaction_id] = {body}
         return OpenSingle(handle, body)
@@ -339,6 +358,7 @@ class ProtocolModel(RuleBasedStateMachine):
         while self._server_ms() <= self.last_round_ms + 1:
             pass
         self.checker.run_round()
+        assert not self.checker._legacy, "the checker took its own producer for one of an earlier layout"
         self.last_round_ms = self._server_ms()
 
     def _server_ms(self) -> int:
@@ -352,6 +372,32 @@ class ProtocolModel(RuleBasedStateMachine):
     @rule()
     def check_round(self) -> None:
         self._round()
+
+    @rule(target=singles, topic=st.sampled_from(TOPICS))
+    def prepare_during_a_round(self, topic: str) -> Any:
+        """A transaction is prepared while a check round runs: after the round looked at the topics, before it
+        writes what it saw to the schedule (which must not drop the wake of a prepare it did not see)."""
+        broker = self.checker.broker
+        write = broker.schedule_topics
+        opened: list[Any] = []
+
+        def prepare_first(looks: Any) -> Any:
+            opened.append(self.open_single(topic, "none"))
+            return write(looks)
+
+        broker.schedule_topics = prepare_first
+        try:
+            self._round()
+        finally:
+            broker.__dict__.pop("schedule_topics", None)
+        return opened[0] if opened else None
+
+    @rule()
+    def full_pass(self) -> None:
+        """A round that is also a full pass over every registered topic (what finds what the schedule missed)."""
+        self.checker._next_full_pass = 0.0
+        self._round()
+        self.unwoken.clear()
 
     @rule()
     def check_cycle(self) -> None:
@@ -516,6 +562,27 @@ class ProtocolModel(RuleBasedStateMachine):
                 )
 
     @invariant()
+    def the_schedule_covers_what_is_in_flight(self) -> None:
+        """The checkers' schedule holds every topic with a transaction in flight at or before its earliest check due
+        (its first unchecked one's birth plus ``transaction_timeout``, or its first next check; any time not after
+        now, for a check already due): a round that follows the schedule alone misses no check-back. Not for a
+        topic a prepare did not wake, until a full pass."""
+        timeout_ms = SETTINGS.transaction_timeout * 1000
+        for stream in STREAMS:
+            if stream in self.unwoken:
+                continue
+            keys = topic_keys_of_stream(stream)
+            due = [score + timeout_ms for _, score in self.client.zrange(keys.unchecked, 0, 0, withscores=True)]
+            due += [score for _, score in self.client.zrange(keys.due, 0, 0, withscores=True)]
+            if not due:
+                continue
+            scheduled = self.client.zscore(SCHEDULE, stream)
+            # a score in the past is "due now" whatever its value (a wake may raise it to its prepare's time)
+            assert scheduled is not None and scheduled <= max(min(due), self._server_ms()), (
+                f"{stream} has a check due at {min(due):.0f} ms and the schedule holds it at {scheduled}"
+            )
+
+    @invariant()
     def nothing_twice_nothing_unasked(self) -> None:
         seen = self.visible()
         bodies = [body for _, body in seen]
@@ -546,6 +613,7 @@ class ProtocolModel(RuleBasedStateMachine):
         resolve dead letters as an operator who knows the truth (the other way when a decision already stands)."""
         self.running.clear()
         self.database_down = False
+        self.full_pass()
         for _ in range(60):
             self.check_cycle()
             for letter in dead_letters(self.client):

@@ -16,10 +16,10 @@ from typing import Any
 
 from .. import protocol
 from ..config import Settings
-from ..connection import REDIS_ERRORS, async_server_info, async_server_nodes, connection_errors
+from ..connection import REDIS_ERRORS, async_server_info, async_server_nodes, connection_errors, is_cluster
 from ..durability import check_servers, durability_unchecked
 from ..errors import DurabilityError, TxMQConnectionError, TxMQError
-from ..keys import TOPIC_REGISTRY, TopicKeys, decision_key
+from ..keys import SCHEDULE, TOPIC_REGISTRY, TopicKeys, decision_key
 from ..message import LocalTransactionState, Message
 from ..protocol import (
     ClaimResult,
@@ -69,8 +69,12 @@ class AsyncRedisBroker:
         self._bury_half = register_topic_script(client, "bury_half")
         self._note_requests = register_topic_script(client, "note_requests")
         self._decide = register_script(client, "decide_transaction")
+        self._due_topics = register_script(client, "due_topics")
+        self._schedule_topics = register_script(client, "schedule_topics")
         self._registered: set[str] = set()
         self._registry_lock = AsyncLock()
+        self._wake_in_script = not is_cluster(client)
+        """One server: the scripts that wake a topic write the checkers' schedule themselves (``KEYS[14]``)."""
         self.durability = self.settings.durability_level()
         self.runner = AsyncScriptRunner(client, durability=self.durability)
 
@@ -90,6 +94,8 @@ class AsyncRedisBroker:
                 self._bury_half,
                 self._note_requests,
                 self._decide,
+                self._due_topics,
+                self._schedule_topics,
             )
         except REDIS_ERRORS as exc:
             raise TxMQConnectionError(f"could not load the transaction scripts into Redis: {exc}") from exc
@@ -144,13 +150,41 @@ class AsyncRedisBroker:
         args = protocol.prepare_args(message, transaction_id, producer_group, keys, parent_transaction_id)
         try:
             await self.register_topic(keys, message, transaction_id)
-            reply = await self.runner.run(self._prepare, keys.script_keys(), args)
+            reply = await self.runner.run(self._prepare, self._wake_keys(keys), args)
         except DurabilityError as exc:
-            protocol.prepare_result(exc.replies[0], message, transaction_id)  # a refusal says more than a shortfall
+            # a refusal says more than a shortfall; a prepare that ran is in flight and its topic awake either way
+            unconfirmed = protocol.prepare_result(exc.replies[0], message, transaction_id)
+            await self._wake(keys, unconfirmed.wake, transaction_id)
             raise protocol.prepare_not_durable(exc, message, transaction_id) from exc
         except REDIS_ERRORS as exc:
             raise protocol.prepare_call_error(exc, message, transaction_id) from exc
-        return protocol.prepare_result(reply, message, transaction_id)
+        result = protocol.prepare_result(reply, message, transaction_id)
+        await self._wake(keys, result.wake, transaction_id)
+        return result
+
+    def _wake_keys(self, keys: TopicKeys) -> list[str]:
+        return keys.scheduled_script_keys() if self._wake_in_script else keys.script_keys()
+
+    async def _wake(self, keys: TopicKeys, score: str, transaction_id: str) -> None:
+        """Wake the topic in the checkers' schedule (:data:`~redis_txmq.keys.SCHEDULE`) where the script could not
+        (Cluster: another hash slot), after the script ran, scored at the script's time: a look made after the
+        script sees the transaction; one made before it is older than that score, and its write to the schedule
+        keeps it (``lua/schedule_topics.lua``). Not written (Redis unreachable, the process gone), a checker's full
+        pass over every topic finds the transaction (``full_pass_interval``)."""
+        if not score:
+            return
+        try:
+            await self.client.zadd(SCHEDULE, {keys.topic_stream: int(score)})
+        except REDIS_ERRORS as exc:
+            logger.warning(
+                "tx=%s topic=%s: the checkers' schedule %s was not told about %s (%s); the transaction's check-back "
+                "waits for a checker's next full pass",
+                transaction_id,
+                keys.topic,
+                SCHEDULE,
+                keys.topic_stream,
+                exc,
+            )
 
     async def end_transaction(
         self,
@@ -259,13 +293,37 @@ class AsyncRedisBroker:
     ) -> EndResult:
         """Commit, roll back or re-check a dead-lettered transaction (``lua/dead_resolve.lua``)."""
         args = protocol.dead_resolve_args(transaction_id, action, remark, self.settings)
-        reply = await self._call(self._dead_resolve, keys, args, f"dead-letter {action.value}", transaction_id)
-        return protocol.end_result(reply, keys, transaction_id)
+        what = f"dead-letter {action.value}"
+        reply = await self._call(self._dead_resolve, keys, args, what, transaction_id, wake=True)
+        result = protocol.end_result(reply, keys, transaction_id)
+        if DeadAction(action) is DeadAction.RECHECK and result.applied and not self._wake_in_script:
+            await self._wake(keys, result.half_id.partition("-")[0], transaction_id)
+        return result
 
     async def claim_checks(self, keys: TopicKeys, limit: int) -> ClaimResult:
         """Claim up to ``limit`` transactions due for a check-back (``lua/claim_checks.lua``)."""
         reply = await self._call(self._claim_checks, keys, protocol.claim_args(self.settings, limit), "claim checks")
         return protocol.claim_result(reply, keys)
+
+    async def due_topics(self, limit: int) -> tuple[str, list[str]]:
+        """``(server time in ms, the topic streams due by then)`` of the checkers' schedule (``lua/due_topics.lua``),
+        at most ``limit``, earliest first."""
+        try:
+            reply = await self._due_topics(keys=[SCHEDULE], args=[limit])
+        except REDIS_ERRORS as exc:
+            raise protocol.schedule_call_error(exc, "read") from exc
+        return protocol.due_topics_result(reply)
+
+    async def schedule_topics(self, looks: list[tuple[str, str, str]]) -> None:
+        """Write ``(topic stream, seen_ms, next_ms)`` of the topics just looked at to the checkers' schedule
+        (``lua/schedule_topics.lua``), in calls of up to 1,000."""
+        for start in range(0, len(looks), 1000):
+            args = [value for look in looks[start : start + 1000] for value in look]
+            try:
+                reply = await self._schedule_topics(keys=[SCHEDULE], args=args)
+            except REDIS_ERRORS as exc:
+                raise protocol.schedule_call_error(exc, "write") from exc
+            protocol.schedule_result(reply)
 
     async def bury_half(
         self, keys: TopicKeys, transaction_id: str, half_id: str, reason: str, producer_group: str
@@ -284,8 +342,10 @@ class AsyncRedisBroker:
         reply = await self._call(self._sweep_half, keys, [cursor, count], "sweep half stream")
         return protocol.sweep_result(reply)
 
-    async def _call(self, script: Any, keys: TopicKeys, args: list[Any], what: str, transaction_id: str = "") -> Any:
+    async def _call(
+        self, script: Any, keys: TopicKeys, args: list[Any], what: str, transaction_id: str = "", wake: bool = False
+    ) -> Any:
         try:
-            return await script(keys=keys.script_keys(), args=args)
+            return await script(keys=self._wake_keys(keys) if wake else keys.script_keys(), args=args)
         except REDIS_ERRORS as exc:
             raise protocol.script_call_error(exc, keys, what, transaction_id) from exc
