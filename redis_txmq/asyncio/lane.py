@@ -6,6 +6,12 @@ instead of one each. Each script is still atomic on its own (a plain pipeline, n
 own reply or its own error. A caller cancelled while its call is still queued takes it out: nothing is sent for it.
 Used on a standalone Redis only: redis-py's cluster pipelines refuse EVALSHA.
 
+Ends of transactions (``lua/end_transaction.lua``) in one pipeline with the same KEYS (one topic partition) go out
+as one call of ``lua/end_transactions.lua``, up to ``MAX_ENDS_PER_CALL`` per call: the same rules applied to each
+end in turn, one reply per end, each caller's own reply or error taken from it. One script invocation per batch of
+ends instead of one per end is what the server saves (its CPU per transaction, ``bench/server_cpu.py``); every end
+is idempotent, so a repeat of the batch (a connection error, NOSCRIPT) applies none twice.
+
 On a client with redis-py's own pool and connections, a batch is one EVALSHA per call packed by hiredis and written
 on a connection checked out of that pool (its ``max_connections`` and readiness check apply), read back reply by
 reply: redis-py's pipeline would first send SCRIPT EXISTS (one more round trip per batch) and pack in Python, which
@@ -34,9 +40,18 @@ import redis.asyncio.sentinel
 from ..connection import REDIRECTIONS, REDIS_ERRORS, connection_errors, hiredis_packer, is_async_cluster
 from ..durability import Durability
 from ..errors import DurabilityError
+from ..scripts import register_topic_script
 from .wire import ScriptCall, run_scripts
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
+_Span = int | tuple[int, ...]
+"""What a call on the wire carries: one queued call (its index in the batch), or the indices of the ends that one
+``end_transactions`` call carries."""
+END_SCRIPT = "end_transaction"
+ENDS_SCRIPT = "end_transactions"
+MAX_ENDS_PER_CALL = 64
+"""Ends per ``end_transactions`` call: a call holds the server for about this many ends' time (about 1-2 ms at 64),
+and past a few dozen the invocation it saves is a small share of an end."""
 _DIRECT_POOLS = (
     redis.asyncio.ConnectionPool,
     redis.asyncio.BlockingConnectionPool,
@@ -46,12 +61,17 @@ _DIRECT_CONNECTIONS = (redis.asyncio.Connection, redis.asyncio.UnixDomainSocketC
 
 
 class ScriptLane:
-    """Sends queued ``(script, keys, args)`` calls of one client in pipelines, one pipeline at a time."""
+    """Sends queued ``(script, keys, args)`` calls of one client in pipelines, one pipeline at a time.
+    ``coalesce_ends``: ends to the same KEYS in one pipeline go as one ``end_transactions`` call (False: each as its
+    own call, what ``bench/server_cpu.py`` compares against)."""
 
-    def __init__(self, client: Any, max_batch: int = 256, durability: Durability | None = None) -> None:
+    def __init__(
+        self, client: Any, max_batch: int = 256, durability: Durability | None = None, coalesce_ends: bool = True
+    ) -> None:
         self.client = client
         self.max_batch = max_batch
         self.durability = durability
+        self.coalesce_ends = coalesce_ends
         self._queue: list[_Call] = []
         self._sender: asyncio.Task[None] | None = None
         pool = getattr(client, "connection_pool", None)
@@ -62,6 +82,10 @@ class ScriptLane:
         # redis-py reconnects lazily in send_packed_command, past the override by which a Sentinel-managed
         # connection asks the Sentinels for the master: after a disconnect, connect() first
         self._connect_first = isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool)
+        # the end script is known by its digest (that of the text every broker registers); its batch is loaded on
+        # first use (NOSCRIPT)
+        self._end_sha = register_topic_script(client, END_SCRIPT).sha
+        self._ends = register_topic_script(client, ENDS_SCRIPT)
 
     async def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """The script's reply; raises what the call raised (a connection error fails every call of its pipeline)."""
@@ -78,20 +102,55 @@ class ScriptLane:
             if batch:
                 await self._send(batch)
 
+    def _coalesce(self, batch: list[_Call]) -> tuple[list[ScriptCall], list[_Span] | None]:
+        """The calls to write for ``batch`` and what each carries (None: each one queued call): the ends that share
+        KEYS (and their number of arguments) become ``end_transactions`` calls, at the place of the first of them;
+        the rest go as they are."""
+        if not self.coalesce_ends:
+            return [(script, keys, args) for script, keys, args, _ in batch], None
+        end_sha = self._end_sha
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, (script, keys, args, _) in enumerate(batch):
+            if script.sha == end_sha:
+                groups.setdefault((len(args), *keys), []).append(i)
+        shared = {members[0]: members for members in groups.values() if len(members) > 1}
+        if not shared:
+            return [(script, keys, args) for script, keys, args, _ in batch], None
+        carried = {i for members in shared.values() for i in members}
+        calls: list[ScriptCall] = []
+        spans: list[_Span] = []
+        for i, (script, keys, args, _) in enumerate(batch):
+            members = shared.get(i)
+            if members is not None:
+                width = len(args)
+                for start in range(0, len(members), MAX_ENDS_PER_CALL):
+                    chunk = tuple(members[start : start + MAX_ENDS_PER_CALL])
+                    packed: list[Any] = [width]
+                    for j in chunk:
+                        packed.extend(batch[j][2])
+                    calls.append((self._ends, keys, packed))
+                    spans.append(chunk)
+            elif i not in carried:
+                calls.append((script, keys, args))
+                spans.append(i)
+        return calls, spans
+
     async def _send(self, batch: list[_Call]) -> None:
         try:
+            calls, spans = self._coalesce(batch)
             # `async with`: redis-py gives the connection back to the pool even when the SCRIPT EXISTS it sends
             # before the pipeline fails (without it, each connection error there leaked one pooled connection)
             if self._pool is not None:
-                replies, confirmation = await self._exchange_checked_out(batch)
+                wire_replies, confirmation = await self._exchange_checked_out(calls)
             else:
                 async with self.client.pipeline(transaction=False) as pipe:
-                    for script, keys, args, _ in batch:
+                    for script, keys, args in calls:
                         await script(keys=keys, args=args, client=pipe)
                     if self.durability is not None:
                         pipe.execute_command(*self.durability.command)
-                    replies = await pipe.execute(raise_on_error=False)
-                confirmation = replies.pop() if self.durability is not None else None
+                    wire_replies = await pipe.execute(raise_on_error=False)
+                confirmation = wire_replies.pop() if self.durability is not None else None
+            replies = wire_replies if spans is None else _spread(wire_replies, spans, len(batch))
         except Exception as exc:  # noqa: BLE001 - a connection error or a fault here: each caller learns it
             for *_, future in batch:
                 if not future.done():
@@ -114,17 +173,37 @@ class ScriptLane:
             else:
                 future.set_result(reply)
 
-    async def _exchange_checked_out(self, batch: list[_Call]) -> tuple[list[Any], Any]:
+    async def _exchange_checked_out(self, calls: list[ScriptCall]) -> tuple[list[Any], Any]:
         """The replies and the confirmation's reply (None when it cannot count: the batch was sent twice)."""
         pool = self._pool
         conn = await pool.get_connection()
         try:
-            calls = [(script, keys, args) for script, keys, args, _ in batch]
             return await run_scripts(
                 conn, calls, pack=self._pack, durability=self.durability, connect_first=self._connect_first
             )
         finally:
             await pool.release(conn)  # a connection interrupted mid-exchange was disconnected by redis-py
+
+
+def _spread(wire_replies: list[Any], spans: list[_Span], count: int) -> list[Any]:
+    """One reply per queued call, from the replies of the calls written: an ``end_transactions`` call's list gives
+    each end its own reply (or its own error); an error of the whole call (refused before it ran, e.g. out of
+    memory) is each of its ends' error."""
+    replies: list[Any] = [None] * count
+    for span, reply in zip(spans, wire_replies, strict=True):
+        if isinstance(span, int):
+            replies[span] = reply
+        elif isinstance(reply, Exception):
+            for i in span:
+                replies[i] = reply
+        elif isinstance(reply, list) and len(reply) == len(span):
+            for i, one in zip(span, reply, strict=True):
+                replies[i] = one
+        else:
+            wrong = redis.ResponseError(f"{ENDS_SCRIPT} replied {reply!r} to {len(span)} ends")
+            for i in span:
+                replies[i] = wrong
+    return replies
 
 
 class AsyncScriptRunner:
