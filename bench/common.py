@@ -9,7 +9,7 @@ from typing import Any
 from checker import Checker
 from redis_txmq import LocalTransactionState, Message, TransactionListener
 from redis_txmq.asyncio import TransactionListener as AsyncTransactionListener
-from redis_txmq.keys import GROUP_REGISTRY, TOPIC_REGISTRY, GroupKeys, TopicKeys
+from redis_txmq.keys import GROUP_REGISTRY, SCHEDULE, TOPIC_REGISTRY, GroupKeys, TopicKeys
 
 BODY = b'{"order_id": 123456, "amount": 42.5, "customer": "someone", "currency": "EUR"}'
 """A typical small order event (79 bytes)."""
@@ -50,6 +50,7 @@ def delete_topic(client: Any, topic: str) -> None:
     for key in TopicKeys(topic).script_keys():
         client.delete(key)
     client.srem(TOPIC_REGISTRY, topic)
+    client.zrem(SCHEDULE, topic)
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:

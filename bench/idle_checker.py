@@ -46,7 +46,7 @@ from checker import Checker, CheckerMetrics
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq.admin import registered_topics
 from redis_txmq.connection import connect, is_cluster
-from redis_txmq.keys import TOPIC_REGISTRY, TopicKeys, topic_meta_key
+from redis_txmq.keys import SCHEDULE, TOPIC_REGISTRY, TopicKeys, topic_meta_key
 
 from .common import BODY, TOPIC_PREFIX, Answer, delete_groups, server_cpu_seconds
 
@@ -102,6 +102,12 @@ class _CountedChecker(Checker):
             self.scans += 1
 
 
+def _due_now(client: Any) -> int:
+    """Topic streams the checkers' schedule says are due now (server clock)."""
+    seconds, micros = client.time()
+    return int(client.zcount(SCHEDULE, "-inf", int(seconds) * 1000 + int(micros) // 1000))
+
+
 def _url_of(client: Any) -> str:
     """The URL of a standalone redis-py client's server (for the answering producer's process)."""
     kwargs = client.connection_pool.connection_kwargs
@@ -128,6 +134,7 @@ def delete_idle_topics(client: Any) -> int:
                 pipe.delete(key)
             pipe.delete(topic_meta_key(topic))
             pipe.srem(TOPIC_REGISTRY, keys.topic_stream)
+            pipe.zrem(SCHEDULE, keys.topic_stream)
         pipe.execute()
     leftovers = list(client.scan_iter(match=f"*{IDLE_PREFIX}*", count=1000))
     for start in range(0, len(leftovers), 500):
@@ -233,6 +240,13 @@ def _measure_count(
         worker.start()
         if not metrics.first_round.wait(FIRST_ROUND_WAIT):
             raise RuntimeError(f"the checker did not finish a round within {FIRST_ROUND_WAIT:g} s")
+        # the setup's commits woke every topic in the checkers' schedule: the checker looks at each once (DUE_TOPICS
+        # per round), then holds it until its outcome is forgotten; the idle window starts when nothing is due
+        deadline = time.monotonic() + FIRST_ROUND_WAIT
+        while _due_now(client):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topics still due in {SCHEDULE} {FIRST_ROUND_WAIT:g} s after the first round")
+            time.sleep(0.05)  # polling a condition with a deadline
         first_round_cpu = server_cpu_seconds(client) - first_cpu
         first_round_own = time.process_time() - first_own
         first_round_wall = time.perf_counter() - first_wall

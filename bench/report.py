@@ -71,6 +71,15 @@ def table(results: dict[str, Any]) -> Table:
             + ("" if row["exactly_once"] else " NOT exactly once"),
             f"≥ {TARGETS['checkbacks']:,}",
         )
+    for row in results.get("idle_checker", []):
+        topics = f"{row['topics']:,} topics"
+        out.add_row(f"idle checker, {topics}: Redis CPU", f"{row['redis_cpu_pct_with_passes']:.2f}% of a core", "≤ 1%")
+        vs = row.get("checkback_vs_smallest")
+        out.add_row(
+            f"  check-back from due to commit, {topics}",
+            f"{row['checkback_ms']['median']:.0f} ms median" + (f" ({vs:.2f}× the fewest topics')" if vs else ""),
+            "≤ 1.5×",
+        )
     spark_write = results.get("spark_write")
     if spark_write:
         out.add_row(

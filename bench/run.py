@@ -19,6 +19,7 @@ from redis_txmq.embedded import EmbeddedRedis, embedded_cluster
 from .checkback import checkback_at_scale
 from .common import delete_groups
 from .durability import compare_durability
+from .idle_checker import idle_checker_cost
 from .latency import measure_latency
 from .memory import MemoryProbe
 from .processes import WorkerPool, producer_scaling
@@ -44,6 +45,10 @@ class BenchOptions:
     spark_rows: int = 200_000
     spark_rounds: int = 3
     latency: bool = True
+    idle_topics: list[int] = field(default_factory=lambda: [10, 1_000, 10_000])
+    """Topic counts of the idle-checker part (on a redis-server of its own; skipped with ``redis_url``)."""
+    idle_seconds: float = 20.0
+    idle_samples: int = 8
     latency_seconds: float = 8.0
     """Seconds of open-loop sending per mode and load of the latency part, split over ``latency_rounds``."""
     latency_rounds: int = 8
@@ -67,6 +72,9 @@ class BenchOptions:
             latency_seconds=0.4,
             latency_rounds=2,
             latency_calibration=0.3,
+            idle_topics=[3],
+            idle_seconds=1.0,
+            idle_samples=1,
         )
         return cls(**(values | overrides))
 
@@ -142,6 +150,18 @@ def run_bench(options: BenchOptions, console: Console | None = None) -> dict[str
             results["checkback"].append(
                 checkback_at_scale(client, url, count, lambda n, task=task: progress.advance(task, n))
             )
+
+        if options.idle_topics and not options.redis_url:
+            # thousands of topics of its own, on a server of its own: it refuses a server with other topics
+            task = progress.add_task(f"idle checker at {options.idle_topics} topics", total=len(options.idle_topics))
+            with EmbeddedRedis() as idle_redis:
+                results["idle_checker"] = idle_checker_cost(
+                    idle_redis.url,
+                    options.idle_topics,
+                    options.idle_seconds,
+                    samples=options.idle_samples,
+                    log=lambda line: progress.advance(task) if "check-backs" in line else None,
+                )
 
         task = progress.add_task("send: durability levels rounds", total=options.rounds)
         results["durability"] = compare_durability(

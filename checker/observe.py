@@ -1,8 +1,9 @@
 """What the checker measures besides its own work, for alerting: the oldest in-flight transaction of each topic, the
 dead letters waiting for an operator, each consumer group's lag, and which Redis masters answer.
 
-Read with the queries of ``txmq status`` (``redis_txmq.admin``), every ``interval`` seconds (not every round: the
-lag of a topic costs two pipelines). A topic that cannot be read keeps its last values and is counted in
+Read with the queries of ``txmq status`` (``redis_txmq.admin``, in pipelines over all topics), every ``interval``
+seconds (not every round: about five commands per topic stream), less often with thousands of topics
+(:data:`TOPICS_PER_SECOND`). A topic that cannot be read keeps its last values and is counted in
 ``txmq_checker_errors_total{step="observe"}``; a topic or consumer group that is gone drops out of the gauges.
 """
 
@@ -13,9 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from redis_txmq.admin import by_topic, consumer_lag, stream_figures
+from redis_txmq.admin import by_topic, consumer_lags, streams_figures
 from redis_txmq.connection import REDIS_ERRORS, server_nodes
-from redis_txmq.errors import TxMQError
 from redis_txmq.keys import TopicKeys
 
 if TYPE_CHECKING:
@@ -25,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 OBSERVE_INTERVAL = 10.0
 """Default seconds between two observations (Prometheus scrapes every 15-60 s, usually)."""
+
+TOPICS_PER_SECOND = 100
+"""At most this many topic streams observed per second on average: with thousands of topics an observation comes
+less often than ``interval`` (every 100 s at 10,000), so that the gauges of topics where nothing happens do not cost
+Redis more than the work (about five commands per stream, in pipelines)."""
 
 
 class Observer:
@@ -42,11 +47,12 @@ class Observer:
         self._masters: set[str] = set()
 
     def observe(self, client: Any, topics: list[TopicKeys], force: bool = False) -> bool:
-        """Observe now if ``interval`` has passed since the last time (or ``force``); True if it did."""
+        """Observe now if ``interval`` (or one second per :data:`TOPICS_PER_SECOND` topic streams, when longer) has
+        passed since the last time (or ``force``); True if it did."""
         now = self._clock()
         if not force and now < self._next:
             return False
-        self._next = now + self.interval
+        self._next = now + max(self.interval, len(topics) / TOPICS_PER_SECOND)
         self._observe_topics(client, topics)
         self._observe_masters(client)
         return True
@@ -56,16 +62,22 @@ class Observer:
         m = self.metrics
         seen_topics: set[str] = set()
         seen_groups: set[tuple[str, str]] = set()
+        try:
+            figures_read = streams_figures(client, topics, now_ms)
+            all_figures = dict(zip([keys.topic_stream for keys in topics], figures_read, strict=True))
+            all_lags = consumer_lags(client, topics)
+        except REDIS_ERRORS as exc:  # the whole read failed: every topic keeps its gauges
+            all_figures, all_lags = {k.topic_stream: exc for k in topics}, {}
         for topic, partitions in by_topic(topics).items():
             seen_topics.add(topic)
             for counter in (m.dead_letters, m.commits, m.rollbacks, m.topic_errors):
                 counter.labels(topic)  # at 0 from now on: increase() sees the first one (a new series it does not)
-            try:
-                figures = [stream_figures(client, keys, now_ms) for keys in partitions]
-                lags = consumer_lag(client, partitions)
-            except (*REDIS_ERRORS, TxMQError) as exc:
+            figures = [all_figures[keys.topic_stream] for keys in partitions]
+            lags = all_lags.get(topic, [])
+            error = next((f for f in [*figures, lags] if isinstance(f, Exception)), None)
+            if error is not None:
                 m.errors.labels("observe").inc()
-                logger.warning("topic=%s not observed (gauges keep their last values): %s", topic, exc)
+                logger.warning("topic=%s not observed (gauges keep their last values): %s", topic, error)
                 seen_groups |= {group for group in self._groups if group[0] == topic}
                 continue
             ages = [f["oldest_in_flight_age_seconds"] for f in figures if f["oldest_in_flight_age_seconds"] is not None]

@@ -142,7 +142,7 @@ class Checker:
         self._legacy: list[tuple[str, str]] = []
         self._bad_schedule_members: set[str] = set()
         self._failed_looks: dict[str, TopicKeys] = {}
-        self._in_flight: dict[str, int] = {}
+        self._in_flight: dict[str, dict[str, int]] = {}
         self._sweep_cursors: dict[str, str] = {}
         self._bad_registry_members: set[str] = set()
         self._last_topics: list[TopicKeys] | None = None
@@ -290,7 +290,6 @@ class Checker:
             else:
                 probes = probe_topics(self.client, topics, self.settings)
                 looked = [probe.keys for probe in probes if probe.uncovered]
-                self._in_flight = {probe.keys.topic_stream: probe.in_flight for probe in probes if not probe.error}
         try:
             due = self._due_topics(stats)
         except TxMQError as exc:
@@ -319,7 +318,7 @@ class Checker:
         if time.monotonic() >= self._next_sweep:
             stats.dead_lettered += self._sweep(self._last_topics or [], probes)
             self._next_sweep = time.monotonic() + self.sweep_interval
-        self._observe_in_flight(looking)
+        self._observe_in_flight(looking, probes)
         self.metrics.topics_scanned(looking, failed)
         self._guarded("observe", functools.partial(self.metrics.observe, self.client, self._last_topics or looking))
         return stats
@@ -737,9 +736,16 @@ class Checker:
         ]
         return self._resolve_decided(keys, decided) if decided else 0
 
-    def _observe_in_flight(self, looked: list[TopicKeys]) -> None:
+    def _observe_in_flight(self, looked: list[TopicKeys], probes: list[TopicProbe] | None) -> None:
         """``txmq_in_flight{topic}``: the sum over the topic's partitions, as a full pass read them and as read
-        again of the topics looked at this round."""
+        again of the topics looked at this round (only the gauges of those topics are set again)."""
+        changed: set[str] = set()
+        if probes is not None:
+            self._in_flight = {}
+            for probe in probes:
+                if probe.error is None:
+                    self._in_flight.setdefault(probe.keys.topic, {})[probe.keys.topic_stream] = probe.in_flight
+            changed = set(self._in_flight)
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 for keys in looked:
@@ -749,13 +755,10 @@ class Checker:
             counts = []  # counted as topic errors by the scan; the gauges keep their last values
         for keys, count in zip(looked, counts, strict=False):
             if not isinstance(count, Exception):
-                self._in_flight[keys.topic_stream] = int(count)
-        totals: dict[str, int] = {}
-        for stream, count in self._in_flight.items():
-            topic = topic_keys_of_stream(stream).topic
-            totals[topic] = totals.get(topic, 0) + count
-        for topic, count in totals.items():
-            self.metrics.in_flight.labels(topic).set(count)
+                self._in_flight.setdefault(keys.topic, {})[keys.topic_stream] = int(count)
+                changed.add(keys.topic)
+        for topic in changed:
+            self.metrics.in_flight.labels(topic).set(sum(self._in_flight[topic].values()))
 
     def process_replies(self, block_ms: int | None) -> int:
         """Apply the answers of the reply stream: abandoned ones first, then new ones. A reply stream or consumer

@@ -72,24 +72,51 @@ def _id_ms(entry_id: Any) -> int:
     return int((entries.text(entry_id) or "0").split("-")[0])
 
 
+PIPELINE_CHUNK = 500
+"""Topic streams per pipeline of the figures read for every topic (``txmq status``, the checker's gauges)."""
+
+
 def stream_figures(client: Any, keys: TopicKeys, now_ms: int) -> dict[str, Any]:
     """One topic stream (partition) in one pipeline: committed entries, transactions in flight, the age of the oldest
     half message (None when nothing is in flight), dead-lettered transactions."""
-    pipe = client.pipeline(transaction=False)
-    pipe.xlen(keys.topic_stream)
-    pipe.hlen(keys.inflight)
-    pipe.xrange(keys.half_stream, count=1)
-    pipe.xlen(keys.dead_stream)
-    committed, in_flight, oldest, dead = pipe.execute()
-    oldest_age = max(0.0, (now_ms - _id_ms(oldest[0][0])) / 1000) if oldest else None
-    return {
-        "topic": keys.topic,
-        "stream": keys.topic_stream,
-        "committed": committed,
-        "in_flight": in_flight,
-        "oldest_in_flight_age_seconds": oldest_age,
-        "dead_letters": dead,
-    }
+    figures = streams_figures(client, [keys], now_ms)[0]
+    if isinstance(figures, Exception):
+        raise figures
+    return figures
+
+
+def streams_figures(client: Any, streams: list[TopicKeys], now_ms: int) -> list[dict[str, Any] | Exception]:
+    """:func:`stream_figures` of many streams, in pipelines of :data:`PIPELINE_CHUNK` streams (a round trip per
+    stream would cost Redis more than the commands, at thousands of topics); a stream whose figures could not be
+    read has the error in its place."""
+    results: list[dict[str, Any] | Exception] = []
+    for start in range(0, len(streams), PIPELINE_CHUNK):
+        chunk = streams[start : start + PIPELINE_CHUNK]
+        with client.pipeline(transaction=False) as pipe:
+            for keys in chunk:
+                pipe.xlen(keys.topic_stream)
+                pipe.hlen(keys.inflight)
+                pipe.xrange(keys.half_stream, count=1)
+                pipe.xlen(keys.dead_stream)
+            replies = pipe.execute(raise_on_error=False)
+        for index, keys in enumerate(chunk):
+            committed, in_flight, oldest, dead = replies[4 * index : 4 * index + 4]
+            error = next((r for r in (committed, in_flight, oldest, dead) if isinstance(r, Exception)), None)
+            if error is not None:
+                results.append(error)
+                continue
+            oldest_age = max(0.0, (now_ms - _id_ms(oldest[0][0])) / 1000) if oldest else None
+            results.append(
+                {
+                    "topic": keys.topic,
+                    "stream": keys.topic_stream,
+                    "committed": committed,
+                    "in_flight": in_flight,
+                    "oldest_in_flight_age_seconds": oldest_age,
+                    "dead_letters": dead,
+                }
+            )
+    return results
 
 
 def _is_missing_key(reply: Any) -> bool:
@@ -111,44 +138,65 @@ def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any
       whose name the library would refuse (made by another tool: it has no such stream);
     - ``consumers``: members of the group (the most on one partition), ``partitions``: partitions holding the group.
 
-    Two pipelines for the whole topic (``XINFO GROUPS``, then ``XPENDING`` and ``XLEN`` per group). Each command
-    names its stream or a key in the stream's hash slot, so a cluster client sends it to that stream's master."""
-    pipe = client.pipeline(transaction=False)
-    for keys in partitions:
-        pipe.xinfo_groups(keys.topic_stream)
-    infos = pipe.execute(raise_on_error=False)
+    Each command names its stream or a key in the stream's hash slot, so a cluster client sends it to that stream's
+    master."""
+    lags = consumer_lags(client, partitions)[partitions[0].topic] if partitions else []
+    if isinstance(lags, Exception):
+        raise lags
+    return lags
+
+
+def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[str, Any]] | Exception]:
+    """:func:`consumer_lag` of every topic of ``streams`` (their partitions together), topic -> its rows, or the
+    error that kept it from being read. Two pipelines per :data:`PIPELINE_CHUNK` streams: ``XINFO GROUPS``, then
+    ``XPENDING`` and ``XLEN`` per group."""
+    failed: dict[str, Exception] = {}
     found: list[tuple[TopicKeys, dict[str, Any]]] = []
-    for keys, reply in zip(partitions, infos, strict=True):
-        if _is_missing_key(reply):
-            continue
-        if isinstance(reply, Exception):
-            raise reply
-        found.extend((keys, info) for info in reply)
-    if not found:
-        return []
-    pipe = client.pipeline(transaction=False)
-    asked: list[tuple[str, ...]] = []
-    for keys, info in found:
-        group = entries.text(info["name"]) or ""
-        calls: tuple[str, ...] = ()
-        if int(info.get("pending") or 0):
-            pipe.xpending_range(keys.topic_stream, group, min="-", max="+", count=1)
-            calls += ("oldest",)
-        try:
-            dead_stream = keys.consumer_dead_stream(group)
-        except ValueError:
-            dead_stream = None
-        if dead_stream is not None:
-            pipe.xlen(dead_stream)
-            calls += ("dead",)
-        asked.append(calls)
-    replies = iter(pipe.execute())
-    rows: dict[str, dict[str, Any]] = {}
-    for (keys, info), calls in zip(found, asked, strict=True):
-        answers = {call: next(replies) for call in calls}
+    for start in range(0, len(streams), PIPELINE_CHUNK):
+        chunk = streams[start : start + PIPELINE_CHUNK]
+        with client.pipeline(transaction=False) as pipe:
+            for keys in chunk:
+                pipe.xinfo_groups(keys.topic_stream)
+            infos = pipe.execute(raise_on_error=False)
+        for keys, reply in zip(chunk, infos, strict=True):
+            if _is_missing_key(reply):
+                continue
+            if isinstance(reply, Exception):
+                failed.setdefault(keys.topic, reply)
+                continue
+            found.extend((keys, info) for info in reply)
+    answered: list[tuple[TopicKeys, dict[str, Any], dict[str, Any]]] = []
+    for start in range(0, len(found), PIPELINE_CHUNK):
+        chunk = found[start : start + PIPELINE_CHUNK]
+        asked: list[tuple[str, ...]] = []
+        with client.pipeline(transaction=False) as pipe:
+            for keys, info in chunk:
+                group = entries.text(info["name"]) or ""
+                calls: tuple[str, ...] = ()
+                if int(info.get("pending") or 0):
+                    pipe.xpending_range(keys.topic_stream, group, min="-", max="+", count=1)
+                    calls += ("oldest",)
+                try:
+                    dead_stream = keys.consumer_dead_stream(group)
+                except ValueError:
+                    dead_stream = None
+                if dead_stream is not None:
+                    pipe.xlen(dead_stream)
+                    calls += ("dead",)
+                asked.append(calls)
+            replies = iter(pipe.execute(raise_on_error=False))
+        for (keys, info), calls in zip(chunk, asked, strict=True):
+            answers = {call: next(replies) for call in calls}
+            error = next((a for a in answers.values() if isinstance(a, Exception)), None)
+            if error is not None:
+                failed.setdefault(keys.topic, error)
+            else:
+                answered.append((keys, info, answers))
+    rows: dict[str, dict[str, dict[str, Any]]] = {keys.topic: {} for keys in streams}
+    for keys, info, answers in answered:
         group = entries.text(info["name"]) or ""
         lag = info.get("lag")
-        row = rows.setdefault(
+        row = rows[keys.topic].setdefault(
             group,
             {
                 "topic": keys.topic,
@@ -178,7 +226,10 @@ def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any
             row["dead_letters"] = None
         elif row["dead_letters"] is not None:
             row["dead_letters"] += int(answers["dead"])
-    return [rows[group] for group in sorted(rows)]
+    return {
+        topic: failed[topic] if topic in failed else [groups[group] for group in sorted(groups)]
+        for topic, groups in rows.items()
+    }
 
 
 def status(client: Any, live_seconds: float) -> dict[str, Any]:
@@ -188,8 +239,16 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
     now = _server_ms(client)
     live_from = now - int(live_seconds * 1000)
     listed = registered_topics(client)
-    topics = [stream_figures(client, keys, now) for keys in listed]
-    consumer_groups = [row for partitions in by_topic(listed).values() for row in consumer_lag(client, partitions)]
+    topics = []
+    for figures in streams_figures(client, listed, now):
+        if isinstance(figures, Exception):
+            raise figures
+        topics.append(figures)
+    consumer_groups = []
+    for lags in consumer_lags(client, listed).values():
+        if isinstance(lags, Exception):
+            raise lags
+        consumer_groups.extend(lags)
     groups = []
     for group in sorted(entries.text(g) or "" for g in client.smembers(GROUP_REGISTRY)):
         gkeys = GroupKeys(group)
