@@ -1,8 +1,9 @@
 -- fragment apply_outcome: apply the outcome of a transaction: on COMMIT append its message to the topic stream; in
 -- every case write the op record and remember the outcome for the dedupe window. One call of the including script:
 -- no crash can split these steps. Inlined by the loader (lua/README.md) into:
--- end_transaction.lua (the producer's and the checker's end, on the send path: no function call) and
--- dead_resolve.lua (an operator's decision on a dead letter).
+-- include/end_one.lua (the producer's and the checker's end, on the send path: end_transaction.lua and the batch
+-- end_transactions.lua, where a `return` here is that end's reply) and dead_resolve.lua (an operator's decision on
+-- a dead letter).
 -- The time is the op record's id (the server's clock, as XADD reads it): no TIME call. It stays text on the common
 -- path (a Lua number would go through printf and strtod); in the calls whose time ends in 0 ms (one in ten) the
 -- outcomes past the window are forgotten in one batch of up to 256 (expire_ended.lua).

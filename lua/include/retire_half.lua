@@ -1,6 +1,7 @@
 -- fragment retire_half: drop every trace of an in-flight transaction: memory follows in-flight transactions, not
--- history. Inlined by the loader (lua/README.md) into: end_transaction.lua (the send path: no function call) and
--- topic_lib.lua's retire (bury: claim_checks, sweep_half, bury_half).
+-- history. Inlined by the loader (lua/README.md) into: include/end_one.lua (the send path's end:
+-- end_transaction.lua and the batch end_transactions.lua) and topic_lib.lua's retire (bury: claim_checks,
+-- sweep_half, bury_half).
 -- A transaction still in `unchecked` was never checked (claim_checks moves it to `due` when it counts a check), so
 -- it has no `due`, `checks` or `requests` entry: the common path saves three calls. Its remark, if it has one, goes
 -- with its outcome when the dedupe window expires (`keep_remark`), which saves the common path one more.
