@@ -5,7 +5,7 @@ each, and pipelined ``ASYNC_IN_FLIGHT`` deep), in interleaved blocks in one proc
 One core runs every script of a shard, so this is the ceiling of what a shard carries, whatever the number of
 producers. Each round measures a block of ``per_round`` operations of every mode in an order that rotates every
 round; the result is the median of the per-round ratios (to the one-request XADD, and the asyncio send's also to
-the pipelined one and to the asyncio send whose ends each go as their own script call), and, from
+the pipelined one and to the asyncio sends whose prepares, or ends, each go as their own script call), and, from
 ``INFO commandstats``, the microseconds the server spent in the scripts (EVALSHA) and the script calls it ran, per
 transaction."""
 
@@ -29,11 +29,19 @@ ONEWAY_TOPIC = f"{TOPIC_PREFIX}cpu-oneway"
 ASYNC_TOPIC = f"{TOPIC_PREFIX}cpu-asyncio"
 ASYNC_IN_FLIGHT = 64
 """Sends of the asyncio producer in flight together, and the depth of the pipelined XADDs."""
-MODES = ("xadd", "xadd_pipelined", "sync", "oneway", "asyncio", "asyncio_single_ends")
-"""Every mode; ``xadd`` (the one-request XADD every ratio is taken to) is always measured. ``asyncio_single_ends``
-is the asyncio producer with its lane sending every end as its own script call, as it did before ends in flight
+MODES = ("xadd", "xadd_pipelined", "sync", "oneway", "asyncio", "asyncio_single_prepares", "asyncio_single_ends")
+"""Every mode; ``xadd`` (the one-request XADD every ratio is taken to) is always measured.
+``asyncio_single_prepares`` is the asyncio producer with its lane sending every prepare as its own script call (its
+ends batched), as it did before prepares in flight together went out as one ``prepare_halves`` call;
+``asyncio_single_ends`` sends every end as its own script call (its prepares batched), as before ends in flight
 together went out as one ``end_transactions`` call."""
-TRANSACTIONS = ("sync", "oneway", "asyncio", "asyncio_single_ends")
+ASYNC_MODES = {
+    "asyncio": {},
+    "asyncio_single_prepares": {"coalesce_prepares": False},
+    "asyncio_single_ends": {"coalesce_ends": False},
+}
+"""The asyncio modes and the lane settings (``redis_txmq.asyncio.lane.ScriptLane``) each turns off."""
+TRANSACTIONS = ("sync", "oneway", *ASYNC_MODES)
 
 
 def _script_stats(client: Any) -> tuple[int, int]:
@@ -83,15 +91,16 @@ def compare_server_cpu(
     loop = asyncio.new_event_loop()
     async_client = _async_client(client)
     asynchronous: dict[str, Any] = {}
-    for mode in ("asyncio", "asyncio_single_ends"):
+    for mode, settings in ASYNC_MODES.items():
         if mode in modes:
             concurrent = AsyncTransactionProducer(
                 f"{TOPIC_PREFIX}cpu-asyncio", AsyncAnswer(LocalTransactionState.COMMIT), client=async_client
             )
             loop.run_until_complete(concurrent.start())
             lane = getattr(concurrent.broker.runner, "_lane", None)
-            if mode == "asyncio_single_ends" and lane is not None:
-                lane.coalesce_ends = False
+            for name, value in settings.items():
+                if lane is not None:
+                    setattr(lane, name, value)
             asynchronous[mode] = concurrent
 
     def plain() -> None:
@@ -123,19 +132,15 @@ def compare_server_cpu(
                 *(producer.send_message_in_transaction(Message(ASYNC_TOPIC, BODY)) for _ in range(batch))
             )
 
-    def send_async() -> None:
-        loop.run_until_complete(gather_sends(asynchronous["asyncio"]))
-
-    def send_async_single_ends() -> None:
-        loop.run_until_complete(gather_sends(asynchronous["asyncio_single_ends"]))
+    def send_async(mode: str) -> Callable[[], None]:
+        return lambda: loop.run_until_complete(gather_sends(asynchronous[mode]))
 
     every = {
         "xadd": plain,
         "xadd_pipelined": pipelined,
         "sync": send_sync,
         "oneway": send_oneway,
-        "asyncio": send_async,
-        "asyncio_single_ends": send_async_single_ends,
+        **{mode: send_async(mode) for mode in ASYNC_MODES},
     }
     runs = [(mode, every[mode]) for mode in modes]
     cpu: dict[str, list[float]] = {name: [] for name, _ in runs}
@@ -188,8 +193,10 @@ def compare_server_cpu(
     for mode in asynchronous:
         if "xadd_pipelined" in modes:
             result[f"{mode}_vs_xadd_pipelined"] = ratios(mode, "xadd_pipelined")
-    if len(asynchronous) == 2:
-        result["asyncio_vs_asyncio_single_ends"] = ratios("asyncio", "asyncio_single_ends")
+    if "asyncio" in asynchronous:
+        for mode in asynchronous:
+            if mode != "asyncio":
+                result[f"asyncio_vs_{mode}"] = ratios("asyncio", mode)
     return result
 
 

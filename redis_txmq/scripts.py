@@ -26,9 +26,10 @@ logger = logging.getLogger(__name__)
 
 TOPIC_PRELUDE = "topic_keys"
 TOPIC_LIB = "topic_lib"
-SELF_CONTAINED = frozenset({"prepare_half", "end_transaction", "end_transactions"})
+SELF_CONTAINED = frozenset({"prepare_half", "prepare_halves", "end_transaction", "end_transactions"})
 """Transaction scripts that bind the topic keys but define no helpers: the two calls of every send, where each
-closure a script makes on every call is measurable (``lua/topic_keys.lua``), and the asyncio lane's batch of ends."""
+closure a script makes on every call is measurable (``lua/topic_keys.lua``), and the asyncio lane's batches of
+prepares and of ends."""
 CONSUMER_PRELUDE = "consumer_keys"
 INCLUDE_DIR = "include"
 """Folder of ``lua/`` holding the fragments that ``--#include`` inlines (not scripts of their own)."""

@@ -1,7 +1,9 @@
-"""The asyncio lane sends the ends of one topic partition that are in flight together as one call of
-``lua/end_transactions.lua``: each caller still gets its own reply or its own error, and each transaction ends
-exactly once, through duplicates, a refused topic stream, a failed command inside one end, NOSCRIPT, a connection
-dropped mid-batch and a durability level that falls short. Against a real Redis."""
+"""The asyncio lane sends the prepares, and the ends, of one topic partition that are in flight together as one call
+of ``lua/prepare_halves.lua`` / ``lua/end_transactions.lua``: each caller still gets its own reply or its own error,
+each transaction is prepared once and ends exactly once, through duplicates, a bad argument, a refused topic stream,
+a failed command inside one prepare or end, NOSCRIPT, a connection dropped mid-batch and a durability level that
+falls short; a batch of prepares wakes the topic in the checkers' schedule as the prepares one by one would. Against
+a real Redis."""
 
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ import redis.asyncio
 from redis_txmq import LocalTransactionState, Message
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
 from redis_txmq.asyncio.broker import AsyncRedisBroker
-from redis_txmq.asyncio.lane import MAX_ENDS_PER_CALL, ScriptLane, _spread
+from redis_txmq.asyncio.lane import MAX_ENDS_PER_CALL, MAX_PREPARES_PER_CALL, ScriptLane, _spread
 from redis_txmq.durability import Durability
-from redis_txmq.errors import CorruptEntryError, DurabilityError, TransactionConflictError, TxMQError
-from redis_txmq.keys import TopicKeys
-from redis_txmq.protocol import EndResult, EndSource
+from redis_txmq.errors import CorruptEntryError, DurabilityError, PrepareError, TransactionConflictError, TxMQError
+from redis_txmq.keys import SCHEDULE, TopicKeys
+from redis_txmq.protocol import EndResult, EndSource, PrepareResult
 from redis_txmq.scripts import assemble, register_topic_script, script_source
 from redis_txmq.topics import create_topic, partition_keys_of
 
@@ -41,14 +43,16 @@ class Arg(TransactionListener):
         return None
 
 
-def watch_batches(lane: ScriptLane) -> list[tuple[str, int]]:
-    """``(topic stream, ends)`` of every ``end_transactions`` call the lane writes from now on."""
+def watch_batches(lane: ScriptLane, kind: str = "ends") -> list[tuple[str, int]]:
+    """``(topic stream, calls carried)`` of every ``end_transactions`` (``kind`` "ends") or ``prepare_halves``
+    ("prepares") call the lane writes from now on."""
     seen: list[tuple[str, int]] = []
     coalesce = lane._coalesce
+    many = lane._ends if kind == "ends" else lane._prepares
 
     def watching(batch: Any) -> Any:
         calls, spans = coalesce(batch)
-        seen.extend((keys[3], (len(args) - 1) // args[0]) for script, keys, args in calls if script is lane._ends)
+        seen.extend((keys[3], (len(args) - 1) // args[0]) for script, keys, args in calls if script is many)
         return calls, spans
 
     lane._coalesce = watching
@@ -131,11 +135,17 @@ def _end(broker: AsyncRedisBroker, keys: TopicKeys, txid: str, outcome: LocalTra
 
 
 def _broker_scenario(redis_url: str, body: Any) -> Any:
+    return _broker_scenario_of(redis_url, body, "ends")
+
+
+def _broker_scenario_of(redis_url: str, body: Any, kind: str) -> Any:
+    """``body(broker, seen)`` on a broker of its own, ``seen`` the lane's batch calls of ``kind`` (ends, prepares)."""
+
     async def run() -> Any:
         client = redis.asyncio.Redis.from_url(redis_url)
         broker = AsyncRedisBroker(client)
         try:
-            return await body(broker, watch_batches(broker.runner._lane))
+            return await body(broker, watch_batches(broker.runner._lane, kind))
         finally:
             await client.aclose()
 
@@ -299,7 +309,7 @@ def test_an_error_of_the_whole_batch_call_is_each_of_its_ends_error() -> None:
     replies = _spread([b"prepared", refused, [b"one", b"two"], [b"short"]], [0, (1, 2), (3, 4), (5, 6)], 7)
     assert replies[0] == b"prepared" and replies[1] is refused and replies[2] is refused
     assert replies[3:5] == [b"one", b"two"]
-    assert all(isinstance(r, redis.ResponseError) and "2 ends" in str(r) for r in replies[5:])
+    assert all(isinstance(r, redis.ResponseError) and "2 calls" in str(r) for r in replies[5:])
 
 
 def test_one_end_and_a_batch_of_ends_run_the_same_text() -> None:
@@ -333,3 +343,319 @@ def test_a_batch_makes_an_end_s_nine_commands_per_end_and_nothing_more(real_clie
     assert calls.pop("zrangebyscore", 0) == calls.pop("xtrim", 0)
     nine = {"hget": 1, "xrange": 1, "xadd": 2, "hset": 1, "zadd": 1, "xdel": 1, "hdel": 1, "zrem": 1}
     assert calls == {name: 19 * count for name, count in nine.items()}
+
+
+# --- prepares: lua/prepare_halves.lua ------------------------------------------------------------------------------
+
+
+def half_messages_written(client: redis.Redis, keys: TopicKeys) -> int:
+    """Entries ever added to the half stream (deleted ones too): one per transaction prepared once."""
+    return int(client.xinfo_stream(keys.half_stream)["entries-added"])
+
+
+def wakes_expected(client: redis.Redis, keys: TopicKeys) -> tuple[int, str]:
+    """The wakes prepares one by one would have made into a topic that had nothing unchecked, from its half
+    messages in the order they were written: the first without its own immunity, and every one with it; and the
+    score the last of them leaves."""
+    wakes, score, unchecked = 0, "", False
+    for _, fields in client.xrange(keys.half_stream):
+        if b"check_immunity_ms" in fields or not unchecked:
+            wakes, score = wakes + 1, fields[b"born_ms"].decode()
+        unchecked = unchecked or b"check_immunity_ms" not in fields
+    return wakes, score
+
+
+def test_sends_in_flight_together_prepare_in_one_call_and_each_exactly_once(real_client, redis_url):
+    count = 2 * MAX_PREPARES_PER_CALL + 32  # more than one batch call's worth
+
+    async def scenario() -> tuple[list[Any], list[tuple[str, int]]]:
+        async with TransactionProducer(GROUP, Arg(), redis_url=redis_url) as producer:
+            seen = watch_batches(producer.broker.runner._lane, "prepares")
+            real_client.config_resetstat()
+            messages = [Message("orders", b"%d" % i) for i in range(count)]
+            return await asyncio.gather(
+                *(producer.send_message_in_transaction(m, outcome_of(i)) for i, m in enumerate(messages))
+            ), seen
+
+    results, seen = asyncio.run(scenario())
+    keys = TopicKeys("orders")
+    assert [r.local_transaction_state for r in results] == [outcome_of(i) for i in range(count)]
+    assert not [r.end_error for r in results if r.end_error]
+    assert_ended_once(real_client, keys, {r.transaction_id: outcome_of(i).value for i, r in enumerate(results)})
+    assert half_messages_written(real_client, keys) == count
+    assert sum(prepares for _, prepares in seen) > count // 2, "most prepares went out in batch calls"
+    assert max(prepares for _, prepares in seen) <= MAX_PREPARES_PER_CALL
+    assert {stream for stream, _ in seen} == {"orders"}
+    # both steps batched: far fewer script calls than two per transaction
+    assert real_client.info("commandstats")["cmdstat_evalsha"]["calls"] < 0.75 * count
+
+
+def test_prepares_to_several_topics_and_partitions_are_batched_per_partition(real_client, redis_url):
+    create_topic(real_client, "parted", 4)
+    messages = [
+        (Message("parted", b"%d" % i, keys=f"key-{i}") if i % 2 else Message(("orders", "audit")[i % 4 // 2], b"x"))
+        for i in range(160)
+    ]
+
+    async def scenario() -> tuple[list[Any], list[tuple[str, int]]]:
+        async with TransactionProducer(GROUP, Arg(), redis_url=redis_url) as producer:
+            seen = watch_batches(producer.broker.runner._lane, "prepares")
+            sends = (producer.send_message_in_transaction(m, outcome_of(i)) for i, m in enumerate(messages))
+            return await asyncio.gather(*sends), seen
+
+    results, seen = asyncio.run(scenario())
+    assert not [r.end_error for r in results if r.end_error]
+    every = [*partition_keys_of("parted", 4), TopicKeys("orders"), TopicKeys("audit")]
+    for keys in every:
+        outcomes = {
+            r.transaction_id: outcome_of(i).value
+            for i, r in enumerate(results)
+            if r.topic == keys.topic and r.partition == keys.partition
+        }
+        assert outcomes, keys
+        assert_ended_once(real_client, keys, outcomes)
+        assert half_messages_written(real_client, keys) == len(outcomes)
+    streams = {stream for stream, _ in seen}
+    assert len(streams) > 2 and streams <= {keys.topic_stream for keys in every}
+
+
+def _prepare(broker: AsyncRedisBroker, keys: TopicKeys, txid: str, **message: Any):
+    return broker.prepare_half(keys, Message(keys.topic, b"body", **message), txid, GROUP)
+
+
+async def _register(broker: AsyncRedisBroker, *topics: TopicKeys) -> None:
+    """The topics registered first (a process's first send to a topic checks its key): the prepares made together
+    after it go out in one pipeline."""
+    for keys in topics:
+        await broker.register_topic(keys, Message(keys.topic, b"x"), "register")
+
+
+def test_a_transaction_prepared_twice_in_one_batch_is_written_once(real_client, redis_url):
+    keys = TopicKeys("orders")
+
+    async def body(broker: AsyncRedisBroker, seen: list[tuple[str, int]]) -> Any:
+        await _register(broker, keys)
+        ids = ["a", "a", "b", "c", "b", "a", "d"]
+        return await asyncio.gather(*(_prepare(broker, keys, txid) for txid in ids)), seen
+
+    replies, seen = _broker_scenario_of(redis_url, body, "prepares")
+    assert seen == [(keys.topic_stream, 7)], "one call for every prepare"
+    assert [r.duplicate for r in replies] == [False, True, False, False, True, True, False]
+    assert replies[1].half_id == replies[5].half_id == replies[0].half_id
+    assert replies[4].half_id == replies[2].half_id
+    assert len({replies[i].half_id for i in (0, 2, 3, 6)}) == 4 and all(r.state == "PREPARED" for r in replies)
+    assert half_messages_written(real_client, keys) == 4
+    inflight = {k.decode(): v.decode() for k, v in real_client.hgetall(keys.inflight).items()}
+    assert inflight == {txid: replies[i].half_id for i, txid in ((0, "a"), (2, "b"), (3, "c"), (6, "d"))}
+
+
+def test_a_bad_argument_or_a_failed_command_fails_that_prepare_only(real_client, redis_url):
+    """An empty transaction id is refused by the rules (BADARG); a prepare with its own immunity writes a `due` key
+    of another type (a command failing inside the batch: pcall keeps it to that prepare). The others apply."""
+    keys = TopicKeys("orders")
+
+    async def body(broker: AsyncRedisBroker, seen: list[tuple[str, int]]) -> Any:
+        await _register(broker, keys)
+        real_client.set(keys.due, "not a sorted set")
+        sends = [_prepare(broker, keys, f"ok-{i}") for i in range(3)]
+        sends += [_prepare(broker, keys, ""), _prepare(broker, keys, "immune", check_immunity_seconds=5)]
+        sends += [_prepare(broker, keys, f"ok-{i}") for i in range(3, 6)]
+        return await asyncio.gather(*sends, return_exceptions=True), seen
+
+    replies, seen = _broker_scenario_of(redis_url, body, "prepares")
+    assert seen == [(keys.topic_stream, 8)]
+    assert isinstance(replies[3], PrepareError) and "BADARG" in str(replies[3])
+    assert isinstance(replies[4], PrepareError) and "WRONGTYPE" in str(replies[4])
+    fine = [r for i, r in enumerate(replies) if i not in (3, 4)]
+    assert all(isinstance(r, PrepareResult) and not r.duplicate for r in fine)
+    assert sorted(k.decode() for k in real_client.hkeys(keys.inflight)) == ["immune", *(f"ok-{i}" for i in range(6))]
+    # the failed prepare wrote what prepare_half would have before failing; sent again it is a DUPLICATE
+    assert half_messages_written(real_client, keys) == 7
+
+
+def test_prepares_flushed_between_batches_are_loaded_again(real_client, redis_url):
+    keys = TopicKeys("orders")
+
+    async def body(broker: AsyncRedisBroker, seen: list[tuple[str, int]]) -> Any:
+        await _register(broker, keys)
+        for round_ in range(3):
+            real_client.script_flush()  # the first round finds no script at all: the batch one is loaded on use
+            replies = await asyncio.gather(*(_prepare(broker, keys, f"flush{round_}-{i}") for i in range(20)))
+            assert all(not r.duplicate for r in replies)
+        return seen
+
+    seen = _broker_scenario_of(redis_url, body, "prepares")
+    assert seen == [(keys.topic_stream, 20)] * 3
+    assert half_messages_written(real_client, keys) == real_client.hlen(keys.inflight) == 60
+
+
+@pytest.mark.parametrize("cut", ["after the first reply", "before any reply"])
+def test_a_connection_dropped_mid_batch_of_prepares_writes_each_half_once(real_client, redis_url, cut):
+    topics = [TopicKeys("orders"), TopicKeys("audit")]
+    dropped: list[str] = []
+
+    async def body(broker: AsyncRedisBroker, seen: list[tuple[str, int]]) -> Any:
+        await _register(broker, *topics)
+        pool = broker.runner._lane._pool
+        get_connection = pool.get_connection
+
+        async def dropping(*args: Any, **kwargs: Any) -> Any:
+            conn = await get_connection(*args, **kwargs)
+            read_response = conn.read_response
+
+            async def read_then_drop(*args: Any, **kwargs: Any) -> Any:
+                if cut == "after the first reply":
+                    await read_response(*args, **kwargs)
+                del conn.read_response  # once: the retry reads as usual
+                await conn.disconnect()
+                dropped.append(cut)
+                raise redis.ConnectionError("dropped mid-batch")
+
+            conn.read_response = read_then_drop
+            pool.get_connection = get_connection
+            return conn
+
+        pool.get_connection = dropping
+        ids = [(keys, f"{keys.topic}-{i}") for keys in topics for i in range(12)]
+        return ids, await asyncio.gather(*(_prepare(broker, keys, txid) for keys, txid in ids)), seen
+
+    ids, replies, seen = _broker_scenario_of(redis_url, body, "prepares")
+    assert dropped == [cut], "the batch was sent again after the drop"
+    assert sorted(seen) == sorted((k.topic_stream, 12) for k in topics)
+    assert all(isinstance(r, PrepareResult) for r in replies)
+    for keys in topics:
+        assert half_messages_written(real_client, keys) == 12
+        inflight = {k.decode(): v.decode() for k, v in real_client.hgetall(keys.inflight).items()}
+        assert inflight == {txid: r.half_id for (k, txid), r in zip(ids, replies, strict=True) if k is keys}
+        # the first send woke the topic; its repeat (all duplicates) wrote nothing more
+        assert real_client.zscore(SCHEDULE, keys.topic_stream) == int(wakes_expected(real_client, keys)[1])
+    if cut == "after the first reply":
+        assert [r.duplicate for r in replies[:12]] == [True] * 12, "the first call had applied: its repeat finds it"
+
+
+def test_a_batch_wakes_the_topic_as_the_prepares_one_by_one_would(real_client, redis_url):
+    """Into a topic with nothing unchecked: the first prepare wakes it (its born ms), the later ones find
+    `unchecked` non-empty and do not; one with its own immunity wakes it again. A second batch wakes nothing."""
+    keys, idle = TopicKeys("woken"), TopicKeys("immune-first")
+
+    async def body(broker: AsyncRedisBroker, seen: list[tuple[str, int]]) -> Any:
+        await _register(broker, keys, idle)
+        real_client.config_resetstat()
+        first = await asyncio.gather(*(_prepare(broker, keys, f"w-{i}") for i in range(10)))
+        stats = real_client.info("commandstats")
+        after_first = real_client.zscore(SCHEDULE, keys.topic_stream)
+        sends = [_prepare(broker, keys, f"x-{i}") for i in range(5)]
+        sends += [_prepare(broker, keys, "own", check_immunity_seconds=30)]
+        sends += [_prepare(broker, idle, "i-0", check_immunity_seconds=30)]
+        sends += [_prepare(broker, idle, f"i-{i}") for i in range(1, 5)]
+        second = await asyncio.gather(*sends)
+        return first, stats, after_first, second, seen
+
+    first, stats, after_first, second, seen = _broker_scenario_of(redis_url, body, "prepares")
+    assert seen == [(keys.topic_stream, 10), (keys.topic_stream, 6), (idle.topic_stream, 5)]
+    assert all(r.wake == "" for r in (*first, *second)), "the script wrote the schedule (KEYS[14])"
+    born = [fields[b"born_ms"].decode() for _, fields in real_client.xrange(keys.half_stream)]
+    assert after_first == int(born[0]), "scored at the first prepare's birth"
+    # ten prepares: one ZADD each into `unchecked`, one into the schedule
+    assert stats["cmdstat_zadd"]["calls"] == 11 and stats["cmdstat_exists"]["calls"] == 10
+    for topic in (keys, idle):
+        wakes, score = wakes_expected(real_client, topic)
+        assert real_client.zscore(SCHEDULE, topic.topic_stream) == int(score)
+    assert wakes_expected(real_client, keys)[0] == 2 and wakes_expected(real_client, idle)[0] == 2
+
+
+def test_without_the_schedule_key_each_prepare_replies_its_own_wake(real_client, redis_url):
+    """Where the schedule is not passed (as on Cluster), the batch replies the wake time to the prepare that wakes
+    the topic, '' to the others, and writes no schedule."""
+    keys = TopicKeys("client-woken")
+
+    async def scenario() -> Any:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        lane = ScriptLane(client)
+        seen = watch_batches(lane, "prepares")
+        prepare = register_topic_script(client, "prepare_half")
+        args = [[f"c-{i}", GROUP, keys.topic, 0, b"body", "", "", "", 5000 if i == 4 else ""] for i in range(8)]
+        replies = await asyncio.gather(*(lane.call(prepare, keys.script_keys(), a) for a in args))
+        await client.aclose()
+        return replies, seen
+
+    replies, seen = asyncio.run(scenario())
+    assert seen == [(keys.topic_stream, 8)]
+    born = {fields[b"transaction_id"]: fields[b"born_ms"] for _, fields in real_client.xrange(keys.half_stream)}
+    assert [r[4] for r in replies] == [born[b"c-0"], b"", b"", b"", born[b"c-4"], b"", b"", b""]
+    assert real_client.zscore(SCHEDULE, keys.topic_stream) is None
+
+
+def test_prepares_of_a_transaction_of_several_messages_keep_their_parent(real_client, redis_url):
+    """Prepares with a parent transaction id (ten arguments) and without (nine) go in calls of their own width: a
+    prepare of nine never reads the next one's transaction id as its parent."""
+    keys = TopicKeys("parents")
+
+    async def scenario() -> Any:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        lane = ScriptLane(client)
+        seen = watch_batches(lane, "prepares")
+        prepare = register_topic_script(client, "prepare_half")
+        args = [[f"p-{i}", GROUP, keys.topic, 0, b"body", "", "", "", ""] for i in range(8)]
+        for i in range(0, 8, 2):
+            args[i].append("parent")
+        replies = await asyncio.gather(*(lane.call(prepare, keys.scheduled_script_keys(), a) for a in args))
+        await client.aclose()
+        return replies, seen
+
+    replies, seen = asyncio.run(scenario())
+    assert sorted(seen) == [(keys.topic_stream, 4), (keys.topic_stream, 4)]
+    assert all(r[0] == b"OK" and r[3] == b"NEW" for r in replies)
+    parents = {f[b"transaction_id"]: f.get(b"parent_transaction_id") for _, f in real_client.xrange(keys.half_stream)}
+    assert parents == {b"p-%d" % i: (b"parent" if i % 2 == 0 else None) for i in range(8)}
+
+
+def test_a_prepare_durability_shortfall_gives_each_caller_its_own_reply(real_client, redis_url):
+    keys = TopicKeys("orders")
+
+    async def scenario() -> Any:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        lane = ScriptLane(client, durability=Durability.of("replica", replicas=1, timeout=0.05))
+        seen = watch_batches(lane, "prepares")
+        prepare = register_topic_script(client, "prepare_half")
+        args = [[f"d-{i}", GROUP, keys.topic, 0, b"body", "", "", "", ""] for i in range(8)]
+        replies = await asyncio.gather(
+            *(lane.call(prepare, keys.scheduled_script_keys(), a) for a in args), return_exceptions=True
+        )
+        await client.aclose()
+        return replies, seen
+
+    replies, seen = asyncio.run(scenario())
+    assert seen == [(keys.topic_stream, 8)]
+    assert all(isinstance(r, DurabilityError) and len(r.replies) == 1 for r in replies)
+    half_ids = [r.replies[0][1] for r in replies]
+    assert len(set(half_ids)) == 8 and all(r.replies[0][3] == b"NEW" for r in replies)
+    assert half_messages_written(real_client, keys) == 8
+
+
+def test_one_prepare_and_a_batch_of_prepares_run_the_same_text() -> None:
+    text = (Path(__file__).resolve().parent.parent / "lua" / "include" / "prepare_one.lua").read_text(encoding="utf-8")
+    prepare_one = assemble(text, "include/prepare_one").rstrip("\n")
+    assert prepare_one in script_source("prepare_half")
+    indented = "\n".join("  " + line if line else line for line in prepare_one.split("\n"))
+    assert "local function prepare_one(at)\n" + indented + "\nend\n" in script_source("prepare_halves")
+
+
+def test_a_batch_makes_a_prepare_s_seven_commands_per_prepare_and_one_wake(real_client) -> None:
+    keys = TopicKeys("orders")
+    prepares = register_topic_script(real_client, "prepare_halves")
+    args: list[Any] = [9]
+    for i in range(20):
+        args += [f"seven-{i}", GROUP, "orders", "0", b"body", "", "", "", ""]
+    prepares(keys=keys.scheduled_script_keys(), args=[9, "load", GROUP, "other", "0", b"", "", "", "", ""])
+    real_client.delete(*keys.script_keys(), SCHEDULE)
+    real_client.config_resetstat()
+    replies = prepares(keys=keys.scheduled_script_keys(), args=args)
+    assert len(replies) == 20 and all(r[0] == b"OK" and r[3] == b"NEW" and r[4] == b"" for r in replies)
+    calls = {
+        name.removeprefix("cmdstat_"): stats["calls"]
+        for name, stats in real_client.info("commandstats").items()
+        if name not in ("cmdstat_evalsha", "cmdstat_info", "cmdstat_config|resetstat")
+    }
+    seven = {"hget": 2, "hexists": 1, "time": 1, "xadd": 1, "hset": 1, "exists": 1, "zadd": 1}
+    assert calls == {name: 20 * count + (name == "zadd") for name, count in seven.items()}

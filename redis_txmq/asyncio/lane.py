@@ -6,11 +6,14 @@ instead of one each. Each script is still atomic on its own (a plain pipeline, n
 own reply or its own error. A caller cancelled while its call is still queued takes it out: nothing is sent for it.
 Used on a standalone Redis only: redis-py's cluster pipelines refuse EVALSHA.
 
-Ends of transactions (``lua/end_transaction.lua``) in one pipeline with the same KEYS (one topic partition) go out
-as one call of ``lua/end_transactions.lua``, up to ``MAX_ENDS_PER_CALL`` per call: the same rules applied to each
-end in turn, one reply per end, each caller's own reply or error taken from it. One script invocation per batch of
-ends instead of one per end is what the server saves (its CPU per transaction, ``bench/server_cpu.py``); every end
-is idempotent, so a repeat of the batch (a connection error, NOSCRIPT) applies none twice.
+Prepares (``lua/prepare_half.lua``) and ends (``lua/end_transaction.lua``) of transactions in one pipeline with the
+same KEYS (one topic partition) and the same number of arguments go out as one call of ``lua/prepare_halves.lua`` /
+``lua/end_transactions.lua``, up to ``MAX_PER_BATCH_CALL`` per call: the same rules applied to each in turn (the
+same Lua text), one reply per call, each caller's own reply or error taken from it. A batch of prepares wakes the
+topic in the checkers' schedule as the prepares one by one would: the first into an empty ``unchecked`` wakes it,
+the others do not. One script invocation per batch instead of one per call is what the server saves (its CPU per
+transaction, ``bench/server_cpu.py``); every prepare and every end is idempotent, so a repeat of the batch (a
+connection error, NOSCRIPT) applies none twice.
 
 On a client with redis-py's own pool and connections, a batch is one EVALSHA per call packed by hiredis and written
 on a connection checked out of that pool (its ``max_connections`` and readiness check apply), read back reply by
@@ -45,13 +48,16 @@ from .wire import ScriptCall, run_scripts
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
 _Span = int | tuple[int, ...]
-"""What a call on the wire carries: one queued call (its index in the batch), or the indices of the ends that one
-``end_transactions`` call carries."""
+"""What a call on the wire carries: one queued call (its index in the batch), or the indices of the prepares or
+ends that one ``prepare_halves`` / ``end_transactions`` call carries."""
+PREPARE_SCRIPT = "prepare_half"
+PREPARES_SCRIPT = "prepare_halves"
 END_SCRIPT = "end_transaction"
 ENDS_SCRIPT = "end_transactions"
-MAX_ENDS_PER_CALL = 64
-"""Ends per ``end_transactions`` call: a call holds the server for about this many ends' time (about 1-2 ms at 64),
-and past a few dozen the invocation it saves is a small share of an end."""
+MAX_PER_BATCH_CALL = 64
+"""Prepares or ends per batch call: a call holds the server for about this many calls' time (about 1-2 ms at 64),
+and past a few dozen the invocation it saves is a small share of one."""
+MAX_ENDS_PER_CALL = MAX_PREPARES_PER_CALL = MAX_PER_BATCH_CALL
 _DIRECT_POOLS = (
     redis.asyncio.ConnectionPool,
     redis.asyncio.BlockingConnectionPool,
@@ -62,16 +68,23 @@ _DIRECT_CONNECTIONS = (redis.asyncio.Connection, redis.asyncio.UnixDomainSocketC
 
 class ScriptLane:
     """Sends queued ``(script, keys, args)`` calls of one client in pipelines, one pipeline at a time.
-    ``coalesce_ends``: ends to the same KEYS in one pipeline go as one ``end_transactions`` call (False: each as its
-    own call, what ``bench/server_cpu.py`` compares against)."""
+    ``coalesce_prepares`` / ``coalesce_ends``: prepares / ends to the same KEYS in one pipeline go as one
+    ``prepare_halves`` / ``end_transactions`` call (False: each as its own call, what ``bench/server_cpu.py``
+    compares against)."""
 
     def __init__(
-        self, client: Any, max_batch: int = 256, durability: Durability | None = None, coalesce_ends: bool = True
+        self,
+        client: Any,
+        max_batch: int = 256,
+        durability: Durability | None = None,
+        coalesce_ends: bool = True,
+        coalesce_prepares: bool = True,
     ) -> None:
         self.client = client
         self.max_batch = max_batch
         self.durability = durability
         self.coalesce_ends = coalesce_ends
+        self.coalesce_prepares = coalesce_prepares
         self._queue: list[_Call] = []
         self._sender: asyncio.Task[None] | None = None
         pool = getattr(client, "connection_pool", None)
@@ -82,8 +95,10 @@ class ScriptLane:
         # redis-py reconnects lazily in send_packed_command, past the override by which a Sentinel-managed
         # connection asks the Sentinels for the master: after a disconnect, connect() first
         self._connect_first = isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool)
-        # the end script is known by its digest (that of the text every broker registers); its batch is loaded on
-        # first use (NOSCRIPT)
+        # the prepare and end scripts are known by their digests (those of the text every broker registers); their
+        # batch scripts are loaded on first use (NOSCRIPT)
+        self._prepare_sha = register_topic_script(client, PREPARE_SCRIPT).sha
+        self._prepares = register_topic_script(client, PREPARES_SCRIPT)
         self._end_sha = register_topic_script(client, END_SCRIPT).sha
         self._ends = register_topic_script(client, ENDS_SCRIPT)
 
@@ -103,32 +118,36 @@ class ScriptLane:
                 await self._send(batch)
 
     def _coalesce(self, batch: list[_Call]) -> tuple[list[ScriptCall], list[_Span] | None]:
-        """The calls to write for ``batch`` and what each carries (None: each one queued call): the ends that share
-        KEYS (and their number of arguments) become ``end_transactions`` calls, at the place of the first of them;
-        the rest go as they are."""
-        if not self.coalesce_ends:
-            return [(script, keys, args) for script, keys, args, _ in batch], None
-        end_sha = self._end_sha
+        """The calls to write for ``batch`` and what each carries (None: each one queued call): the prepares, and the
+        ends, that share KEYS (and their number of arguments) become ``prepare_halves`` / ``end_transactions`` calls,
+        at the place of the first of them; the rest go as they are."""
+        batched: dict[str, Any] = {}
+        if self.coalesce_prepares:
+            batched[self._prepare_sha] = self._prepares
+        if self.coalesce_ends:
+            batched[self._end_sha] = self._ends
         groups: dict[tuple[Any, ...], list[int]] = {}
-        for i, (script, keys, args, _) in enumerate(batch):
-            if script.sha == end_sha:
-                groups.setdefault((len(args), *keys), []).append(i)
-        shared = {members[0]: members for members in groups.values() if len(members) > 1}
+        if batched:
+            for i, (script, keys, args, _) in enumerate(batch):
+                if script.sha in batched:
+                    groups.setdefault((script.sha, len(args), *keys), []).append(i)
+        shared = {members[0]: (batched[sha], members) for (sha, *_), members in groups.items() if len(members) > 1}
         if not shared:
             return [(script, keys, args) for script, keys, args, _ in batch], None
-        carried = {i for members in shared.values() for i in members}
+        carried = {i for _, members in shared.values() for i in members}
         calls: list[ScriptCall] = []
         spans: list[_Span] = []
         for i, (script, keys, args, _) in enumerate(batch):
-            members = shared.get(i)
-            if members is not None:
+            group = shared.get(i)
+            if group is not None:
+                many, members = group
                 width = len(args)
-                for start in range(0, len(members), MAX_ENDS_PER_CALL):
-                    chunk = tuple(members[start : start + MAX_ENDS_PER_CALL])
+                for start in range(0, len(members), MAX_PER_BATCH_CALL):
+                    chunk = tuple(members[start : start + MAX_PER_BATCH_CALL])
                     packed: list[Any] = [width]
                     for j in chunk:
                         packed.extend(batch[j][2])
-                    calls.append((self._ends, keys, packed))
+                    calls.append((many, keys, packed))
                     spans.append(chunk)
             elif i not in carried:
                 calls.append((script, keys, args))
@@ -186,9 +205,9 @@ class ScriptLane:
 
 
 def _spread(wire_replies: list[Any], spans: list[_Span], count: int) -> list[Any]:
-    """One reply per queued call, from the replies of the calls written: an ``end_transactions`` call's list gives
-    each end its own reply (or its own error); an error of the whole call (refused before it ran, e.g. out of
-    memory) is each of its ends' error."""
+    """One reply per queued call, from the replies of the calls written: a ``prepare_halves`` or
+    ``end_transactions`` call's list gives each prepare or end its own reply (or its own error); an error of the whole
+    call (refused before it ran, e.g. out of memory) is each of its calls' error."""
     replies: list[Any] = [None] * count
     for span, reply in zip(spans, wire_replies, strict=True):
         if isinstance(span, int):
@@ -200,7 +219,7 @@ def _spread(wire_replies: list[Any], spans: list[_Span], count: int) -> list[Any
             for i, one in zip(span, reply, strict=True):
                 replies[i] = one
         else:
-            wrong = redis.ResponseError(f"{ENDS_SCRIPT} replied {reply!r} to {len(span)} ends")
+            wrong = redis.ResponseError(f"a batch call replied {reply!r} to {len(span)} calls")
             for i in span:
                 replies[i] = wrong
     return replies
