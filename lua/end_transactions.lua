@@ -22,21 +22,8 @@ if not width or width < 8 or width % 1 ~= 0 or (#ARGV - 1) % width ~= 0 then
     .. #ARGV .. ' arguments')
 end
 
-local function end_one(at)
+local function call_one(at)
   --#include end_one
 end
 
-local replies = {}
-for at = 1, #ARGV - 1, width do
-  local ok, reply = pcall(end_one, at)
-  if not ok then
-    -- Redis hands a failed command's error to pcall as its text (some servers as a table with `err`)
-    local message = type(reply) == 'table' and reply['err'] or tostring(reply)
-    if not string.find(message, '^%u[%u_]* ') then
-      message = 'ERR ' .. message
-    end
-    reply = {err = message}
-  end
-  replies[#replies + 1] = reply
-end
-return replies
+--#include each_call

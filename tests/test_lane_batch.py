@@ -317,7 +317,7 @@ def test_one_end_and_a_batch_of_ends_run_the_same_text() -> None:
     end_one = assemble(text, "include/end_one").rstrip("\n")
     assert end_one in script_source("end_transaction")
     indented = "\n".join("  " + line if line else line for line in end_one.split("\n"))
-    assert "local function end_one(at)\n" + indented + "\nend\n" in script_source("end_transactions")
+    assert "local function call_one(at)\n" + indented + "\nend\n" in script_source("end_transactions")
 
 
 def test_a_batch_makes_an_end_s_nine_commands_per_end_and_nothing_more(real_client) -> None:
@@ -638,7 +638,7 @@ def test_one_prepare_and_a_batch_of_prepares_run_the_same_text() -> None:
     prepare_one = assemble(text, "include/prepare_one").rstrip("\n")
     assert prepare_one in script_source("prepare_half")
     indented = "\n".join("  " + line if line else line for line in prepare_one.split("\n"))
-    assert "local function prepare_one(at)\n" + indented + "\nend\n" in script_source("prepare_halves")
+    assert "local function call_one(at)\n" + indented + "\nend\n" in script_source("prepare_halves")
 
 
 def test_a_batch_makes_a_prepare_s_seven_commands_per_prepare_and_one_wake(real_client) -> None:

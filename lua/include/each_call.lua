@@ -1,0 +1,19 @@
+-- each_call: the loop of a batch script (end_transactions, prepare_halves): call_one(at) for every call of ARGV
+-- (its width, then whole calls of that width), each under pcall, so that a call's `return` (e.g. a refusal) or a
+-- command failing inside it is that call's reply alone ({err = ...}) and the others still apply.
+-- Expects in scope: width (checked by the script), call_one(at) (one call, its ARGV from at + 1).
+-- Returns from the script: the list of replies, one per call, in order. Commands: none of its own.
+local replies = {}
+for at = 1, #ARGV - 1, width do
+  local ok, reply = pcall(call_one, at)
+  if not ok then
+    -- Redis hands a failed command's error to pcall as its text (some servers as a table with `err`)
+    local message = type(reply) == 'table' and reply['err'] or tostring(reply)
+    if not string.find(message, '^%u[%u_]* ') then
+      message = 'ERR ' .. message
+    end
+    reply = {err = message}
+  end
+  replies[#replies + 1] = reply
+end
+return replies
