@@ -98,6 +98,10 @@ SCAN_BATCHES = 10
 DUE_TOPICS_PER_ROUND = 1000
 """Topics of the schedule looked at in one round; more due: the next round starts right away."""
 
+FAILED_LOOK_HOLD_MS = 5000
+"""A topic whose look failed is held this far on in the schedule (it is retried each round all the same): topics
+that keep failing (a cluster master down) do not fill the rounds' read of what is due."""
+
 _Look = tuple[str, str, str]
 """What a look at a topic saw, for the schedule: ``(topic stream, seen_ms, next_ms)``."""
 
@@ -276,25 +280,35 @@ class Checker:
         """Look at the topics due in the checkers' schedule (on a full pass, also at every registered topic the
         schedule does not cover): claim their due transactions, send the check requests, write back when to look
         at each next. A topic that fails (damaged keys, its cluster master down) is logged, counted in
-        ``txmq_checker_topic_errors`` and skipped: it stays due, the other topics and the replies go on."""
+        ``txmq_checker_topic_errors`` and skipped: it is tried again each round, and held in the schedule a few
+        seconds on (so that many failing topics never hide the others' due ones); the other topics and the
+        replies go on."""
         stats = RoundStats()
         now = time.monotonic()
         legacy = self._legacy_producers(now)
+        sweep_due = now >= self._next_sweep
+        if sweep_due:
+            self._next_sweep = now + self.sweep_interval
         probes: list[TopicProbe] | None = None
         looked: list[TopicKeys] = []
-        if legacy or now >= self._next_full_pass or now >= self._next_sweep:
-            topics = self.topics()
+        every_topic = legacy or self.only_topics is not None
+        if every_topic or now >= self._next_full_pass or sweep_due:
             self._next_full_pass = now + self.full_pass_interval
-            if legacy:
-                looked = topics  # a producer that never wakes a topic is about: every topic, every round
+            topics = self.topics()
+            if every_topic:
+                # a producer that never wakes a topic is about (every topic, every round, as its version's checker
+                # did); or a checker of a few topics (demo, bench), whom other services' due topics must not hide
+                looked = topics
             else:
                 probes = probe_topics(self.client, topics, self.settings)
                 looked = [probe.keys for probe in probes if probe.uncovered]
-        try:
-            due = self._due_topics(stats)
-        except TxMQError as exc:
-            logger.warning("checker %s: %s; looking at every topic this round", self.instance_id, exc)
-            due = [] if legacy else self.topics()
+        seen_ms, due = "", []
+        if self.only_topics is None:
+            try:
+                seen_ms, due = self._due_topics(stats)
+            except TxMQError as exc:
+                logger.warning("checker %s: %s; looking at every topic this round", self.instance_id, exc)
+                due = [] if legacy else self.topics()
         retried = list(self._failed_looks.values())  # a topic whose look failed is tried again each round
         looking = list({keys.topic_stream: keys for keys in [*due, *looked, *retried]}.values())
         failed: dict[str, BaseException] = {}
@@ -312,27 +326,27 @@ class Checker:
                     keys.topic_stream,
                     exc,
                 )
+                if seen_ms:
+                    looks.append((keys.topic_stream, seen_ms, str(int(seen_ms) + FAILED_LOOK_HOLD_MS)))
         self._failed_looks = {stream: keys for keys in looking if (stream := keys.topic_stream) in failed}
         self._guarded("schedule", functools.partial(self.broker.schedule_topics, looks))
         self._guarded("write jobs", lambda: settle_jobs(self.client, self.settings))
-        if time.monotonic() >= self._next_sweep:
+        if sweep_due:
             stats.dead_lettered += self._sweep(self._last_topics or [], probes)
-            self._next_sweep = time.monotonic() + self.sweep_interval
         self._observe_in_flight(looking, probes)
         self.metrics.topics_scanned(looking, failed)
         self._guarded("observe", functools.partial(self.metrics.observe, self.client, self._last_topics or looking))
         return stats
 
-    def _due_topics(self, stats: RoundStats) -> list[TopicKeys]:
-        """The topics the schedule says are due now (a member that is no topic stream key is dropped from it)."""
+    def _due_topics(self, stats: RoundStats) -> tuple[str, list[TopicKeys]]:
+        """The server time and the topics the schedule says are due by then (a member that is no topic stream key
+        is dropped from it)."""
         seen_ms, streams = self.broker.due_topics(DUE_TOPICS_PER_ROUND)
         stats.more_due |= len(streams) >= DUE_TOPICS_PER_ROUND
         due, bad = due_topic_keys(streams, self._bad_schedule_members)
-        if self.only_topics is not None:
-            due = [keys for keys in due if keys.topic in self.only_topics]
         if bad:
             self.broker.schedule_topics([(stream, seen_ms, "") for stream in bad])
-        return due
+        return seen_ms, due
 
     def _legacy_producers(self, now: float) -> list[tuple[str, str]]:
         """The producers of a layout before the schedule (they never wake a topic) present now, read once per

@@ -3,15 +3,17 @@
 -- transaction back in flight (new half message, check count reset, due now). Idempotent like end_transaction.
 -- COMMIT and ROLLBACK apply the outcome with the text end_transaction runs (lua/include/apply_outcome.lua).
 -- KEYS: the topic keys of topic_keys.lua; with KEYS[14] (schedule), RECHECK wakes the topic there (its check is due
---       now); without it the caller does (Cluster: `ZADD txmq:schedule <ms of the new half id> <topic stream>`
---       after this call: a look that missed the recheck ran before it, so that score is at or after the look's).
+--       now); without it the caller does (Cluster: `ZADD txmq:schedule <wake> <topic stream>` after this call, with
+--       the time the reply gives: a look that missed the recheck ran before it, so that score is at or after the
+--       look's).
 -- ARGV[1] transaction_id
 -- ARGV[2] action             COMMIT | ROLLBACK | RECHECK
 -- ARGV[3] dedupe_window_ms
 -- ARGV[4] op_stream_maxlen
 -- ARGV[5] remark             '' for none
 -- Reply: {'OK', state, half_id, committed_id or '', 'APPLIED' | 'DUPLICATE', ''} or {'ERR', code, detail}
---        (the last element is end_transaction's check request id: a dead-lettered transaction has none).
+--        (the last element is end_transaction's check request id: a dead-lettered transaction has none); an
+--        applied RECHECK adds a seventh, wake: '' or, without KEYS[14], the time (ms) to wake the topic at.
 
 local txid, action, window_ms, op_maxlen, remark = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 if txid == '' or (action ~= 'COMMIT' and action ~= 'ROLLBACK' and action ~= 'RECHECK') then
@@ -71,13 +73,15 @@ if action == 'RECHECK' then
   redis.call('HSET', inflight, txid, half_id)
   redis.call('HDEL', checks, txid)
   redis.call('ZADD', due, now, txid)
+  local wake = string.format('%d', now)
   if schedule then
-    redis.call('ZADD', schedule, now, topic_stream)
+    redis.call('ZADD', schedule, wake, topic_stream)
+    wake = ''
   end
   if remark ~= '' then
     redis.call('HSET', remarks, txid, remark)
   end
-  return {'OK', 'PREPARED', half_id, '', 'APPLIED', ''}
+  return {'OK', 'PREPARED', half_id, '', 'APPLIED', '', wake}
 end
 
 -- The dead letter stays when the topic stream refuses the message (the fragment returns the refusal), to be

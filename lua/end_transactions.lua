@@ -9,9 +9,11 @@
 --        reply of a command that failed inside that end (the Lua error end_transaction would have raised: a
 --        redis.call refused, e.g. out of memory); the ends before and after it still run. An error reply for the
 --        whole call only for a malformed ARGV.
--- An end that fails part-way has written what end_transaction would have written before failing (scripts do not
--- roll back), and the same end sent again completes it: every end is idempotent, so a batch sent twice (after a
--- connection error) or holding the same end twice applies each once.
+-- Every end is idempotent, so a batch sent twice (after a connection error) or holding the same end twice applies
+-- each once. An end that fails part-way has written what end_transaction would have written before failing
+-- (scripts do not roll back): out of memory refuses its first write, so nothing; a companion key of another type
+-- (written over by another tool) fails a write after the topic entry, which is then published and the transaction
+-- left in flight, so a repeat publishes it again (as end_transaction does; ruling it out would cost a TYPE per key).
 -- No helper functions but one: the end runs in a function, made once per call (not per end), so that each of its
 -- `return`s (apply_outcome's refused topic stream among them) ends that end only, and pcall keeps a failed command
 -- to that end's reply.

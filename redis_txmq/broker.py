@@ -296,8 +296,8 @@ class RedisBroker:
         what = f"dead-letter {action.value}"
         reply = self._call(self._dead_resolve, keys, args, what, transaction_id, wake=True)
         result = protocol.end_result(reply, keys, transaction_id)
-        if DeadAction(action) is DeadAction.RECHECK and result.applied and not self._wake_in_script:
-            self._wake(keys, result.half_id.partition("-")[0], transaction_id)
+        if DeadAction(action) is DeadAction.RECHECK and result.applied:
+            self._wake(keys, protocol.recheck_wake(reply), transaction_id)
         return result
 
     def claim_checks(self, keys: TopicKeys, limit: int) -> ClaimResult:

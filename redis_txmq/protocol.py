@@ -410,6 +410,11 @@ def due_topics_result(reply: Any) -> tuple[str, list[str]]:
     return entries.text(reply[1]) or "", [entries.text(stream) or "" for stream in reply[2]]
 
 
+def recheck_wake(reply: Any) -> str:
+    """The time to wake the topic at after an applied RECHECK of ``lua/dead_resolve.lua`` ('' for none)."""
+    return reply_strings(reply, 7)[6] if isinstance(reply, list) else ""
+
+
 def schedule_result(reply: Any) -> None:
     """Raise what ``lua/schedule_topics.lua`` refused."""
     if entries.text(reply[0]) != "OK":
@@ -487,7 +492,7 @@ def end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
             reply[4] == b"APPLIED",
             request.decode() if request else "",
         )
-    status, first, second, third, fourth, fifth = reply_strings(reply, 6)
+    status, first, second, third, fourth, fifth = reply_strings(reply, 6)[:6]
     if status == "OK":
         return EndResult(first, second, third or None, fourth == "APPLIED", fifth)
     where = f"topic {keys.topic!r}, transaction {transaction_id}"

@@ -238,3 +238,34 @@ def test_an_operators_recheck_wakes_the_topic(
     assert before <= real_client.zscore(SCHEDULE, "rechecked") <= server_ms(real_client) + 1
     checker.run_round()
     assert transaction_id in requested(real_client)
+
+
+def test_topics_whose_looks_keep_failing_do_not_hide_the_others(
+    real_client: redis.Redis, producer: TransactionProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More failing topics due than one round reads (damaged keys here; on Cluster, a master down): each is held a
+    few seconds on in the schedule after its failed look, so a healthy topic due later still gets its check."""
+    monkeypatch.setattr("checker.worker.DUE_TOPICS_PER_ROUND", 3)
+    checker, looked = quiet_checker(real_client)
+    for i in range(4):
+        prepare(producer, f"damaged-{i}")
+        real_client.delete(TopicKeys(f"damaged-{i}").due)
+        real_client.set(TopicKeys(f"damaged-{i}").due, "not a sorted set")  # another tool wrote over it
+    healthy = prepare(producer, "healthy")
+    round_after(real_client, checker, FAST.transaction_timeout)
+    wait_until(lambda: (checker.run_round(), healthy in requested(real_client))[1], timeout=10)
+
+
+def test_a_checker_of_a_few_topics_is_not_hidden_by_other_services_due_topics(
+    real_client: redis.Redis, producer: TransactionProducer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's and the benchmarks' checkers look after their own topics only, every round: others' due
+    topics (whose checker is down) must not fill their read of the schedule."""
+    monkeypatch.setattr("checker.worker.DUE_TOPICS_PER_ROUND", 3)
+    for i in range(5):
+        prepare(producer, f"others-{i}")
+    mine = prepare(producer, "mine")
+    checker = Checker(real_client, FAST, only_topics={"mine"})
+    round_after(real_client, checker, FAST.transaction_timeout)
+    assert mine in requested(real_client)
+    assert not requested(real_client) - {mine}

@@ -30,6 +30,7 @@ from redis_txmq.keys import (
     CHECKER_INSTANCES,
     GROUP_REGISTRY,
     REPLY_STREAM,
+    SCHEDULE,
     TOPIC_REGISTRY,
     GroupKeys,
     TopicKeys,
@@ -49,7 +50,7 @@ PATIENT = Settings(
     cluster=True, transaction_timeout=0, check_interval=0.3, check_max=1000, heartbeat_interval=0.3, claim_idle=1
 )
 """Checks are not counted out while a test waits on a slow machine: only the test's deadline decides."""
-SHARED_KEYS = {REPLY_STREAM, CHECKER_INSTANCES, TOPIC_REGISTRY, GROUP_REGISTRY}
+SHARED_KEYS = {REPLY_STREAM, CHECKER_INSTANCES, TOPIC_REGISTRY, GROUP_REGISTRY, SCHEDULE}
 
 
 def _names_on(cluster: RedisCluster, avoid: str, want: bool, prefix: str) -> str:
