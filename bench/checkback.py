@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq import Message, Settings, TransactionProducer
 from redis_txmq.broker import RedisBroker
-from redis_txmq.connection import connect
 from redis_txmq.keys import TopicKeys
 
-from .common import BODY, TOPIC_PREFIX, Answer, TopicChecker, delete_topic
+from .common import BODY, TOPIC_PREFIX, Answer, TopicChecker, answering_producer, delete_topic
 
 TOPIC = f"{TOPIC_PREFIX}checkback"
 GROUP = f"{TOPIC_PREFIX}checkback"
@@ -53,15 +52,6 @@ def idle_claim_ms(client: Any, calls: int = 50) -> float:
     return statistics.median(times) * 1000
 
 
-def _answering_producer(url: str, ready: Any, stop: Any) -> None:
-    """A live instance of the producer group, in its own process as in production, answering COMMIT."""
-    client = connect(url)
-    with TransactionProducer(GROUP, Answer(LocalTransactionState.COMMIT), client=client, settings=SETTINGS):
-        ready.set()
-        stop.wait(900)
-    client.close()
-
-
 def resolve_all(
     client: Any, url: str, count: int, tick: Callable[[int], None] = lambda n: None, timeout: float = 900
 ) -> float:
@@ -69,7 +59,7 @@ def resolve_all(
     producer instance answering from another process."""
     context = multiprocessing.get_context("spawn")
     ready, stop = context.Event(), context.Event()
-    producer = context.Process(target=_answering_producer, args=(url, ready, stop), daemon=True)
+    producer = context.Process(target=answering_producer, args=(url, GROUP, SETTINGS, ready, stop), daemon=True)
     producer.start()
     try:
         if not ready.wait(60):

@@ -6,9 +6,12 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+import redis.asyncio
+
 from checker import Checker
-from redis_txmq import LocalTransactionState, Message, TransactionListener
+from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
 from redis_txmq.asyncio import TransactionListener as AsyncTransactionListener
+from redis_txmq.connection import connect
 from redis_txmq.keys import GROUP_REGISTRY, SCHEDULE, TOPIC_REGISTRY, GroupKeys, TopicKeys
 
 BODY = b'{"order_id": 123456, "amount": 42.5, "customer": "someone", "currency": "EUR"}'
@@ -92,3 +95,28 @@ def server_cpu_seconds(client: Any) -> float:
     if "used_cpu_user_main_thread" in info:
         return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def answering_producer(url: str, group: str, settings: Settings, ready: Any, stop: Any) -> None:
+    """A live instance of producer group ``group``, in its own process as in production, answering COMMIT (a
+    ``multiprocessing`` target: ``ready`` is set once it runs, ``stop`` ends it)."""
+    client = connect(url)
+    with TransactionProducer(group, Answer(LocalTransactionState.COMMIT), client=client, settings=settings):
+        ready.set()
+        stop.wait(900)
+    client.close()
+
+
+def async_client_of(client: Any, max_connections: int) -> Any:
+    """A ``redis.asyncio`` client of the server ``client`` talks to, its pool as deep as the sends in flight."""
+    kwargs = client.connection_pool.connection_kwargs
+    return redis.asyncio.Redis(
+        connection_pool=redis.asyncio.BlockingConnectionPool(
+            host=kwargs.get("host", "localhost"),
+            port=kwargs.get("port", 6379),
+            db=kwargs.get("db", 0),
+            password=kwargs.get("password"),
+            max_connections=max_connections,
+            timeout=None,
+        )
+    )

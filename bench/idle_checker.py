@@ -48,7 +48,7 @@ from redis_txmq.admin import registered_topics
 from redis_txmq.connection import connect, is_cluster
 from redis_txmq.keys import SCHEDULE, TOPIC_REGISTRY, TopicKeys, topic_meta_key
 
-from .common import BODY, TOPIC_PREFIX, Answer, delete_groups, server_cpu_seconds
+from .common import BODY, TOPIC_PREFIX, Answer, answering_producer, delete_groups, server_cpu_seconds
 
 IDLE_PREFIX = f"{TOPIC_PREFIX}idle-"
 GROUP = f"{TOPIC_PREFIX}idle"
@@ -170,15 +170,6 @@ def _server_ms(client: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _answering_producer(url: str, ready: Any, stop: Any) -> None:
-    """A live instance of the producer group, in its own process as in production, answering COMMIT."""
-    client = connect(url)
-    with TransactionProducer(GROUP, Answer(LocalTransactionState.COMMIT), client=client, settings=SETTINGS):
-        ready.set()
-        stop.wait(900)
-    client.close()
-
-
 def _last_id(client: Any, stream: str) -> bytes | str:
     last = client.xrevrange(stream, count=1)
     return last[0][0] if last else "0-0"
@@ -273,7 +264,7 @@ def _measure_count(
         own_extra = max(0.0, first_round_own - own_cpu * share)
 
         log(f"{count:,} topics: {samples} check-backs")
-        answering = context.Process(target=_answering_producer, args=(url, ready, stop), daemon=True)
+        answering = context.Process(target=answering_producer, args=(url, GROUP, SETTINGS, ready, stop), daemon=True)
         answering.start()
         if not ready.wait(60):
             raise RuntimeError("the answering producer process did not start within 60 s")

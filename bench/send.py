@@ -23,7 +23,7 @@ from redis_txmq import LocalTransactionState, Message, TransactionProducer
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
 from redis_txmq.direct import ScriptRunner
 
-from .common import BODY, TOPIC_PREFIX, Answer, AsyncAnswer, delete_topic, spread
+from .common import BODY, TOPIC_PREFIX, Answer, AsyncAnswer, async_client_of, delete_topic, spread
 
 PLAIN = f"{TOPIC_PREFIX}plain"
 SYNC_TOPIC = f"{TOPIC_PREFIX}sync"
@@ -46,17 +46,7 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
     plain_path.broker.runner = ScriptRunner(client, direct=False)  # redis-py's Script objects, pool and callbacks
     oneway = TransactionProducer(f"{TOPIC_PREFIX}oneway", commit, client=client, oneway_end=True).start()
     loop = asyncio.new_event_loop()
-    kwargs = client.connection_pool.connection_kwargs
-    async_client = redis.asyncio.Redis(
-        connection_pool=redis.asyncio.BlockingConnectionPool(
-            host=kwargs.get("host", "localhost"),
-            port=kwargs.get("port", 6379),
-            db=kwargs.get("db", 0),
-            password=kwargs.get("password"),
-            max_connections=ASYNC_IN_FLIGHT,
-            timeout=None,
-        )
-    )
+    async_client = async_client_of(client, ASYNC_IN_FLIGHT)
     asynchronous = AsyncTransactionProducer(
         f"{TOPIC_PREFIX}asyncio", AsyncAnswer(LocalTransactionState.COMMIT), client=async_client
     )

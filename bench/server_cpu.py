@@ -15,12 +15,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis.asyncio
-
 from redis_txmq import LocalTransactionState, Message, TransactionProducer
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
 
-from .common import BODY, TOPIC_PREFIX, Answer, AsyncAnswer, delete_topic, server_cpu_seconds, spread
+from .common import BODY, TOPIC_PREFIX, Answer, AsyncAnswer, async_client_of, delete_topic, server_cpu_seconds, spread
 
 PLAIN = f"{TOPIC_PREFIX}cpu-plain"
 PIPELINED = f"{TOPIC_PREFIX}cpu-pipelined"
@@ -50,21 +48,6 @@ def _script_stats(client: Any) -> tuple[int, int]:
     return int(stats.get("usec", 0)), int(stats.get("calls", 0))
 
 
-def _async_client(client: Any) -> Any:
-    """A ``redis.asyncio`` client of the server ``client`` talks to, with a pool as deep as the sends in flight."""
-    kwargs = client.connection_pool.connection_kwargs
-    return redis.asyncio.Redis(
-        connection_pool=redis.asyncio.BlockingConnectionPool(
-            host=kwargs.get("host", "localhost"),
-            port=kwargs.get("port", 6379),
-            db=kwargs.get("db", 0),
-            password=kwargs.get("password"),
-            max_connections=ASYNC_IN_FLIGHT,
-            timeout=None,
-        )
-    )
-
-
 def compare_server_cpu(
     client: Any,
     rounds: int,
@@ -89,7 +72,7 @@ def compare_server_cpu(
         else None
     )
     loop = asyncio.new_event_loop()
-    async_client = _async_client(client)
+    async_client = async_client_of(client, ASYNC_IN_FLIGHT)
     asynchronous: dict[str, Any] = {}
     for mode, settings in ASYNC_MODES.items():
         if mode in modes:
