@@ -20,12 +20,15 @@ from redis_txmq import LocalTransactionState, Message
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
 from redis_txmq.asyncio.broker import AsyncRedisBroker
 from redis_txmq.asyncio.lane import MAX_ENDS_PER_CALL, MAX_PREPARES_PER_CALL, ScriptLane, _spread
+from redis_txmq.broker import RedisBroker
 from redis_txmq.durability import Durability
 from redis_txmq.errors import CorruptEntryError, DurabilityError, PrepareError, TransactionConflictError, TxMQError
 from redis_txmq.keys import SCHEDULE, TopicKeys
 from redis_txmq.protocol import EndResult, EndSource, PrepareResult
-from redis_txmq.scripts import assemble, register_topic_script, script_source
+from redis_txmq.scripts import assemble, register_topic_script, script_source, script_text, topic_preludes
 from redis_txmq.topics import create_topic, partition_keys_of
+
+from .replicas import replicated_fixture  # noqa: F401 - the fixture 'replicated'
 
 pytestmark = pytest.mark.real
 
@@ -659,3 +662,39 @@ def test_a_batch_makes_a_prepare_s_seven_commands_per_prepare_and_one_wake(real_
     }
     seven = {"hget": 2, "hexists": 1, "time": 1, "xadd": 1, "hset": 1, "exists": 1, "zadd": 1}
     assert calls == {name: 20 * count + (name == "zadd") for name, count in seven.items()}
+
+
+def test_a_batch_sent_to_a_demoted_master_fails_whole_as_one_call_would(replicated: tuple[str, int]) -> None:
+    """A master demoted to a replica (a failover whose old connections were not cut): each call of a batch meets
+    READONLY and nothing is written; the batch fails as a whole with READONLY, as one call does (redis-py's
+    Sentinel connection then reconnects to the new master and the lane sends it again) — not with every caller's
+    own error and the connection kept on the replica. A lone COMMIT too (its topic XADD is under pcall)."""
+    url, _ = replicated
+    master = redis.Redis.from_url(url)
+    replica_port = next(
+        v["port"] for k, v in master.info("replication").items() if k.startswith("slave") and isinstance(v, dict)
+    )
+    replica = redis.Redis(host="127.0.0.1", port=int(replica_port))
+    keys = TopicKeys("demoted")
+    broker = RedisBroker(master)
+    halves = [broker.prepare_half(keys, Message("demoted", b"x"), f"tx-{i}", "demoted_group").half_id for i in (0, 1)]
+    assert master.wait(1, 10_000) == 1
+    prepares = replica.register_script(script_text("prepare_halves", *topic_preludes("prepare_halves")))
+    ends = replica.register_script(script_text("end_transactions", *topic_preludes("end_transactions")))
+    one_end = replica.register_script(script_text("end_transaction", *topic_preludes("end_transaction")))
+
+    def prepare_args(txid: str) -> list[Any]:
+        return [txid, "demoted_group", "demoted", "0", "x", "", "", "", ""]
+
+    def end_args(i: int) -> list[Any]:
+        return [f"tx-{i}", "demoted_group", "COMMIT", "producer", "", 300_000, 1000, halves[i]]
+
+    with pytest.raises(redis.ReadOnlyError):
+        prepares(keys=keys.script_keys(), args=[9, *prepare_args("tx-new-1"), *prepare_args("tx-new-2")])
+    with pytest.raises(redis.ReadOnlyError):
+        ends(keys=keys.script_keys(), args=[8, *end_args(0), *end_args(1)])
+    with pytest.raises(redis.ReadOnlyError):
+        one_end(keys=keys.script_keys(), args=end_args(0))
+    assert master.hlen(keys.inflight) == 2 and master.xlen("demoted") == 0
+    replica.close()
+    master.close()

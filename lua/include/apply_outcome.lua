@@ -20,7 +20,8 @@
 --   op_maxlen   approximate cap of the op stream, a number >= 1
 -- Defines: committed_id (the topic stream entry's id, '' for ROLLBACK), op_id (the op record's id).
 -- Returns from the script, having written nothing, {'ERR', 'WRONGTYPE' | 'REFUSED', detail} when the topic stream
--- refuses the message (the topic key holds another type, or the server is out of memory).
+-- refuses the message (the topic key holds another type, or the server is out of memory), and the READONLY error
+-- itself on a replica (a demoted master: the client takes it for a lost connection and sends again to the master).
 -- Commands: XADD to the topic stream on COMMIT, XADD to the op stream, HSET and ZADD with a dedupe window.
 local committed_id = ''
 if outcome == 'COMMIT' then
@@ -31,6 +32,9 @@ if outcome == 'COMMIT' then
   committed_id = redis.pcall('XADD', topic_stream, '*', unpack(fields))
   if type(committed_id) == 'table' then
     local err = tostring(committed_id['err'])
+    if string.find(err, '^READONLY') then
+      return redis.error_reply(err)  -- a demoted master: the client's connection error, it reconnects and resends
+    end
     if string.find(err, 'WRONGTYPE', 1, true) then
       return {'ERR', 'WRONGTYPE', 'the topic key ' .. topic_stream .. ' holds another type than a stream'}
     end

@@ -2,7 +2,8 @@
 -- (its width, then whole calls of that width), each under pcall, so that a call's `return` (e.g. a refusal) or a
 -- command failing inside it is that call's reply alone ({err = ...}) and the others still apply.
 -- Expects in scope: width (checked by the script), call_one(at) (one call, its ARGV from at + 1).
--- Returns from the script: the list of replies, one per call, in order. Commands: none of its own.
+-- Returns from the script: the list of replies, one per call, in order; or, when a call met a replica (READONLY,
+-- MASTERDOWN), that error for the whole script. Commands: none of its own.
 local replies = {}
 for at = 1, #ARGV - 1, width do
   local ok, reply = pcall(call_one, at)
@@ -13,6 +14,12 @@ for at = 1, #ARGV - 1, width do
       message = 'ERR ' .. message
     end
     reply = {err = message}
+  end
+  if type(reply) == 'table' and type(reply['err']) == 'string'
+      and (string.find(reply['err'], '^READONLY') or string.find(reply['err'], '^MASTERDOWN')) then
+    -- a replica (its master failed over) wrote nothing for any call: the whole call fails as one call would, so
+    -- that the client reconnects to the new master and sends it again (every call is idempotent)
+    return reply
   end
   replies[#replies + 1] = reply
 end
