@@ -2,7 +2,7 @@
 -- the driver committed or aborted (a late or speculative attempt) must write nothing the settling would miss.
 -- KEYS[1] decision  hash  txmq:job:{<job>} or txmq:job:{<sink>}:<batch>
 -- KEYS[2] stages    set   the job's stages (same slot)
--- ARGV[1] stage     the stage key (opened first: open_stage.lua)
+-- ARGV[1] stage     the stage key (opened after this: open_stage.lua; a stage exists only once listed)
 -- ARGV[2] keep_ms   how long the list is kept (as long as its stages: a job never settled leaves nothing for ever)
 -- Reply: {'OK'}, {'DECIDED', outcome} (not listed: the writer deletes its stage) or {'ERR', 'BADARG', detail}.
 

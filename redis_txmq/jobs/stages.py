@@ -68,20 +68,28 @@ def check_stages(job: WriteJob, stages: Iterable[str], rows: Mapping[str, int]) 
 
 def open_stage(job: WriteJob, stream: str, attempt: str) -> str | None:
     """The stage of task attempt ``attempt`` for ``stream``: the job leased (and listed) first, then the stage
-    opened empty with a time to live (``lua/open_stage.lua``; rows go in with ``XADD NOMKSTREAM``) and listed in
-    the job's stages (``lua/note_stage.lua``). None when the job is already decided (a late or speculative
-    attempt, a micro-batch replayed after a restart): the attempt writes nothing."""
+    listed in the job's stages (``lua/note_stage.lua``) and only then opened empty with a time to live
+    (``lua/open_stage.lua``; rows go in with ``XADD NOMKSTREAM``): a stage exists only once listed, so the
+    settling deletes it whatever fails between the two (a stage opened first and not listed, its note's connection
+    reset, would be left until its time to live); the lease renewed after the open tells a job decided meanwhile,
+    whose settling may have passed the stage: the attempt deletes it. None when the job is already decided (a late
+    or speculative attempt, a micro-batch replayed after a restart): the attempt writes nothing."""
     key = stage_key(stream, job.job_id, attempt)
     if job.lease() is None:
         logger.info("write job %s: decided before task attempt %s began to write for %s", job.job_id, attempt, stream)
         return None
     lifetime = job.settings.stage_lifetime_ms
     # not confirmed here: the writer's confirmation of its stage writes covers these earlier writes too
-    job.call("open a stage", "open_stage", [key], [lifetime])
     noted = job.call("note a stage", "note_stage", job.keys.note_keys, [key, lifetime])
     if text(noted[0]) == "OK":
-        return key
-    job._do("delete a stage", lambda: job.client.delete(key))
+        job.call("open a stage", "open_stage", [key], [lifetime])
+        if job.lease() is not None:
+            return key
+        # decided between the note and the open: its settling may have deleted the listed stages before this one
+        # was opened, so this attempt deletes its own
+        job._do("delete a stage", lambda: job.client.delete(key))
+        logger.info("write job %s: decided while task attempt %s opened its stage for %s", job.job_id, attempt, stream)
+        return None
     if text(noted[0]) != "DECIDED":
         raise WriteJobError(f"write job {job.job_id}: stage {key} refused: {text(noted[1])} {text(noted[2])}")
     logger.info(
