@@ -6,7 +6,7 @@ from typing import Any
 
 from .config import Settings
 from .keys import CHECKER_INSTANCES, CHECKER_LEVELS, GroupKeys
-from .layout import LAYOUT_VERSION, group_layouts_key
+from .layout import LAYOUT_VERSION
 from .preload import preload
 from .scripts import register_script
 
@@ -41,8 +41,7 @@ class Heartbeat:
     def of_producer(cls, client: Any, keys: GroupKeys, instance_id: str, settings: Settings) -> Heartbeat:
         """A producer instance's, in its group's zset, level hash and layouts hash (with :data:`LAYOUT_VERSION`)."""
         interval, level = settings.heartbeat_interval, settings.durability
-        layouts = group_layouts_key(keys.producer_group)
-        return cls(client, keys.producers, keys.durability_levels, instance_id, interval, level, layouts)
+        return cls(client, keys.producers, keys.durability_levels, instance_id, interval, level, keys.layouts)
 
     @classmethod
     def of_checker(cls, client: Any, instance_id: str, settings: Settings) -> Heartbeat:

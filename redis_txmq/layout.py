@@ -27,12 +27,6 @@ LAYOUT_VERSION = 2
 """The key layout this code writes. Layout 1 is release 0.1.0's, which writes no layout record."""
 
 
-def group_layouts_key(group: str) -> str:
-    """Producer instance -> the key layout version it writes, for producer group ``group``
-    (:attr:`redis_txmq.keys.GroupKeys.layouts`)."""
-    return GroupKeys(group).layouts
-
-
 def legacy_producers(client: Any, heartbeat_interval: float = 5.0) -> list[tuple[str, str]]:
     """``(producer group, instance)`` of every producer instance that its group's heartbeat zset still lists (live,
     or gone for less than the heartbeat's drop time, ten live periods of ``heartbeat_interval``: an instance of a
@@ -68,7 +62,7 @@ def legacy_producers(client: Any, heartbeat_interval: float = 5.0) -> list[tuple
     pipe = client.pipeline(transaction=False)
     for group in groups:
         pipe.zrangebyscore(GroupKeys(group).producers, since_ms, "+inf")
-        pipe.hgetall(group_layouts_key(group))
+        pipe.hgetall(GroupKeys(group).layouts)
     try:
         replies = pipe.execute(raise_on_error=False)
     except REDIS_ERRORS as exc:

@@ -14,7 +14,7 @@ from redis_txmq import Settings
 from redis_txmq.errors import TxMQError
 from redis_txmq.heartbeat import Heartbeat
 from redis_txmq.keys import GROUP_REGISTRY, GroupKeys
-from redis_txmq.layout import LAYOUT_VERSION, group_layouts_key, legacy_producers
+from redis_txmq.layout import LAYOUT_VERSION, legacy_producers
 
 from .helpers import ScriptedListener, wait_until
 
@@ -27,7 +27,7 @@ GONE_LONG_AGO = 0
 def producer_beat(client: redis.Redis, group: str, instance: str, layout: int = LAYOUT_VERSION) -> Heartbeat:
     """A producer instance's heartbeat as this release writes it (with a layout record)."""
     keys = GroupKeys(group)
-    beat = Heartbeat(client, keys.producers, keys.durability_levels, instance, 1.0, "master", group_layouts_key(group))
+    beat = Heartbeat(client, keys.producers, keys.durability_levels, instance, 1.0, "master", GroupKeys(group).layouts)
     beat.layout = layout
     return beat
 
@@ -43,7 +43,7 @@ def register(client: redis.Redis, *groups: str) -> None:
 
 
 def layouts(client: redis.Redis, group: str) -> dict[bytes, bytes]:
-    return client.hgetall(group_layouts_key(group))
+    return client.hgetall(GroupKeys(group).layouts)
 
 
 # ------------------------------------------------------------------------------------------------ the heartbeat script
@@ -52,8 +52,8 @@ def layouts(client: redis.Redis, group: str) -> dict[bytes, bytes]:
 def test_the_layouts_key_is_in_the_slot_of_the_groups_instances() -> None:
     from redis.crc import key_slot
 
-    assert group_layouts_key("shop") == "txmq:group:{shop}:layouts"
-    assert key_slot(group_layouts_key("shop").encode()) == key_slot(GroupKeys("shop").producers.encode())
+    assert GroupKeys("shop").layouts == "txmq:group:{shop}:layouts"
+    assert key_slot(GroupKeys("shop").layouts.encode()) == key_slot(GroupKeys("shop").producers.encode())
 
 
 def test_a_beat_records_the_layout_and_leave_removes_it(real_client: redis.Redis) -> None:
@@ -79,7 +79,7 @@ def test_an_instance_dropped_as_gone_loses_its_layout_record(real_client: redis.
 def test_two_keys_still_work_and_record_no_layout(real_client: redis.Redis) -> None:
     """The checker's heartbeat, and the call of release 0.1.0: the script without its third key."""
     assert old_beat(real_client, "shop", "old").beat() == 1
-    assert not real_client.exists(group_layouts_key("shop"))
+    assert not real_client.exists(GroupKeys("shop").layouts)
     checker = Heartbeat.of_checker(real_client, "c1", Settings())
     assert checker.beat() == 1
     assert real_client.keys("*layouts*") == []
@@ -125,7 +125,7 @@ def test_instances_without_a_current_record_are_legacy(real_client: redis.Redis)
     producer_beat(real_client, "billing", "older-layout", layout=LAYOUT_VERSION - 1).beat()
     producer_beat(real_client, "billing", "newer-layout", layout=LAYOUT_VERSION + 1).beat()
     real_client.zadd(GroupKeys("billing").producers, {"garbled": server_ms(real_client)})  # a record, not a number
-    real_client.hset(group_layouts_key("billing"), "garbled", "two")
+    real_client.hset(GroupKeys("billing").layouts, "garbled", "two")
     assert legacy_producers(real_client) == [("billing", "garbled"), ("billing", "older-layout"), ("shop", "old")]
 
 
@@ -194,9 +194,9 @@ def test_a_running_producer_records_its_layout(real_client: redis.Redis, make_pr
     """The sync and the asyncio producer: a record beside its heartbeat while it runs, none once it shut down."""
     settings = Settings(heartbeat_interval=0.2)
     with make_producer("shop", ScriptedListener(), client=real_client, settings=settings):
-        instance = wait_until(lambda: real_client.hkeys(group_layouts_key("shop")))[0]
+        instance = wait_until(lambda: real_client.hkeys(GroupKeys("shop").layouts))[0]
         assert real_client.zscore(GroupKeys("shop").producers, instance) is not None
-        assert real_client.hget(group_layouts_key("shop"), instance) == str(LAYOUT_VERSION).encode()
+        assert real_client.hget(GroupKeys("shop").layouts, instance) == str(LAYOUT_VERSION).encode()
         wait_until(lambda: real_client.sismember(GROUP_REGISTRY, "shop"))
         assert legacy_producers(real_client) == []
     assert layouts(real_client, "shop") == {}

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from redis_txmq.keys import CHECKER_INSTANCES, GroupKeys
-from redis_txmq.layout import LAYOUT_VERSION, group_layouts_key, legacy_producers
+from redis_txmq.layout import LAYOUT_VERSION, legacy_producers
 
 from ..helpers import wait_until
 from .conftest import Fleet, assert_exactly_once
@@ -130,12 +130,12 @@ def test_a_new_checker_tells_a_live_old_producer_by_its_missing_layout_record(
     legacy = wait_until(lambda: legacy_producers(real_client), timeout=20)
     assert [group for group, _ in legacy] == [GROUP]
     old_instance = legacy[0][1]
-    assert not real_client.hexists(group_layouts_key(GROUP), old_instance)
+    assert not real_client.hexists(GroupKeys(GROUP).layouts, old_instance)
     wait_until(lambda: fleet.sent("old"), timeout=20)
     assert assert_exactly_once(fleet, real_client, TOPIC, timeout=15) == 8
 
     fleet.producer("new", "new", "--serve")
-    records = wait_until(lambda: real_client.hgetall(group_layouts_key(GROUP)), timeout=20)
+    records = wait_until(lambda: real_client.hgetall(GroupKeys(GROUP).layouts), timeout=20)
     assert list(records.values()) == [str(LAYOUT_VERSION).encode()]
     new_instance = next(iter(records)).decode()
     assert legacy_producers(real_client) == [(GROUP, old_instance)]
@@ -144,4 +144,4 @@ def test_a_new_checker_tells_a_live_old_producer_by_its_missing_layout_record(
     fleet.stop("old")
     assert legacy_producers(real_client) == []
     assert listed(real_client) == {new_instance}
-    assert real_client.hgetall(group_layouts_key(GROUP)) == {new_instance.encode(): str(LAYOUT_VERSION).encode()}
+    assert real_client.hgetall(GroupKeys(GROUP).layouts) == {new_instance.encode(): str(LAYOUT_VERSION).encode()}
