@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis_txmq.config import Settings
-from redis_txmq.connection import REDIS_ERRORS
+from redis_txmq.connection import pipeline_each
 from redis_txmq.keys import SCHEDULE, TopicKeys, topic_keys_of_stream
 
 logger = logging.getLogger(__name__)
-
-PROBE_CHUNK = 500
-"""Topics per pipeline of a full pass (seven commands each)."""
 
 
 @dataclass(frozen=True)
@@ -77,40 +74,26 @@ def _probe(keys: TopicKeys, replies: Sequence[Any], settings: Settings) -> Topic
 
 
 def probe_topics(client: Any, topics: Sequence[TopicKeys], settings: Settings) -> list[TopicProbe]:
-    """Read every topic's figures in pipelines of :data:`PROBE_CHUNK` topics (plain commands: also on Cluster)."""
+    """Read every topic's figures, pipelined (plain commands: also on Cluster, where the topics of a master that is
+    down come back with their error, and are looked at: the look reports it)."""
     probes: list[TopicProbe] = []
-    for start in range(0, len(topics), PROBE_CHUNK):
-        chunk = topics[start : start + PROBE_CHUNK]
-        try:
-            replies = _read(client, chunk)
-        except REDIS_ERRORS:
-            # a cluster master down fails the whole pipeline (redis-py raises for its node): topic by topic, the
-            # others are read and the unreachable ones come back with their error (looked at: the look reports it)
-            probes.extend(_probe_one(client, keys, settings) for keys in chunk)
-            continue
-        for index, keys in enumerate(chunk):
-            probes.append(_probe(keys, replies[index * 7 : index * 7 + 7], settings))
+    for keys, replies in zip(topics, pipeline_each(client, topics, _queue_probe), strict=True):
+        if isinstance(replies, Exception):
+            probes.append(TopicProbe(keys, None, None, error=replies))
+        else:
+            probes.append(_probe(keys, replies, settings))
     return probes
 
 
-def _read(client: Any, chunk: Sequence[TopicKeys]) -> list[Any]:
-    with client.pipeline(transaction=False) as pipe:
-        for keys in chunk:
-            pipe.zrange(keys.unchecked, 0, 0, withscores=True)
-            pipe.zrange(keys.due, 0, 0, withscores=True)
-            pipe.zrange(keys.ended_at, 0, 0, withscores=True)
-            pipe.zscore(SCHEDULE, keys.topic_stream)
-            pipe.xlen(keys.half_stream)
-            pipe.hlen(keys.dead_index)
-            pipe.hlen(keys.inflight)
-        return pipe.execute(raise_on_error=False)
-
-
-def _probe_one(client: Any, keys: TopicKeys, settings: Settings) -> TopicProbe:
-    try:
-        return _probe(keys, _read(client, [keys]), settings)
-    except REDIS_ERRORS as exc:
-        return TopicProbe(keys, None, None, error=exc)
+def _queue_probe(pipe: Any, keys: TopicKeys) -> int:
+    pipe.zrange(keys.unchecked, 0, 0, withscores=True)
+    pipe.zrange(keys.due, 0, 0, withscores=True)
+    pipe.zrange(keys.ended_at, 0, 0, withscores=True)
+    pipe.zscore(SCHEDULE, keys.topic_stream)
+    pipe.xlen(keys.half_stream)
+    pipe.hlen(keys.dead_index)
+    pipe.hlen(keys.inflight)
+    return 7
 
 
 def due_topic_keys(streams: Iterable[str], reported: set[str]) -> tuple[list[TopicKeys], list[str]]:

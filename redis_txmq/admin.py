@@ -10,7 +10,7 @@ import redis
 
 from . import entries
 from .broker import RedisBroker
-from .connection import server_info, server_nodes
+from .connection import pipeline_each, server_info, server_nodes
 from .durability import has_waitaof
 from .errors import TransactionConflictError, TransactionNotFoundError
 from .keys import (
@@ -72,10 +72,6 @@ def _id_ms(entry_id: Any) -> int:
     return int((entries.text(entry_id) or "0").split("-")[0])
 
 
-PIPELINE_CHUNK = 500
-"""Topic streams per pipeline of the figures read for every topic (``txmq status``, the checker's gauges)."""
-
-
 def stream_figures(client: Any, keys: TopicKeys, now_ms: int) -> dict[str, Any]:
     """One topic stream (partition) in one pipeline: committed entries, transactions in flight, the age of the oldest
     half message (None when nothing is in flight), dead-lettered transactions."""
@@ -86,36 +82,37 @@ def stream_figures(client: Any, keys: TopicKeys, now_ms: int) -> dict[str, Any]:
 
 
 def streams_figures(client: Any, streams: list[TopicKeys], now_ms: int) -> list[dict[str, Any] | Exception]:
-    """:func:`stream_figures` of many streams, in pipelines of :data:`PIPELINE_CHUNK` streams (a round trip per
-    stream would cost Redis more than the commands, at thousands of topics); a stream whose figures could not be
-    read has the error in its place."""
+    """:func:`stream_figures` of many streams, pipelined (:func:`~redis_txmq.connection.pipeline_each`); a stream
+    whose figures could not be read (its master down, say) has the error in its place."""
+
+    def queue(pipe: Any, keys: TopicKeys) -> int:
+        pipe.xlen(keys.topic_stream)
+        pipe.hlen(keys.inflight)
+        pipe.xrange(keys.half_stream, count=1)
+        pipe.xlen(keys.dead_stream)
+        return 4
+
     results: list[dict[str, Any] | Exception] = []
-    for start in range(0, len(streams), PIPELINE_CHUNK):
-        chunk = streams[start : start + PIPELINE_CHUNK]
-        with client.pipeline(transaction=False) as pipe:
-            for keys in chunk:
-                pipe.xlen(keys.topic_stream)
-                pipe.hlen(keys.inflight)
-                pipe.xrange(keys.half_stream, count=1)
-                pipe.xlen(keys.dead_stream)
-            replies = pipe.execute(raise_on_error=False)
-        for index, keys in enumerate(chunk):
-            committed, in_flight, oldest, dead = replies[4 * index : 4 * index + 4]
-            error = next((r for r in (committed, in_flight, oldest, dead) if isinstance(r, Exception)), None)
-            if error is not None:
-                results.append(error)
-                continue
-            oldest_age = max(0.0, (now_ms - _id_ms(oldest[0][0])) / 1000) if oldest else None
-            results.append(
-                {
-                    "topic": keys.topic,
-                    "stream": keys.topic_stream,
-                    "committed": committed,
-                    "in_flight": in_flight,
-                    "oldest_in_flight_age_seconds": oldest_age,
-                    "dead_letters": dead,
-                }
-            )
+    for keys, replies in zip(streams, pipeline_each(client, streams, queue), strict=True):
+        if isinstance(replies, Exception):
+            results.append(replies)
+            continue
+        error = next((r for r in replies if isinstance(r, Exception)), None)
+        if error is not None:
+            results.append(error)
+            continue
+        committed, in_flight, oldest, dead = replies
+        oldest_age = max(0.0, (now_ms - _id_ms(oldest[0][0])) / 1000) if oldest else None
+        results.append(
+            {
+                "topic": keys.topic,
+                "stream": keys.topic_stream,
+                "committed": committed,
+                "in_flight": in_flight,
+                "oldest_in_flight_age_seconds": oldest_age,
+                "dead_letters": dead,
+            }
+        )
     return results
 
 
@@ -146,55 +143,64 @@ def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any
     return lags
 
 
+def _group_name(info: dict[str, Any]) -> str:
+    return entries.text(info["name"]) or ""
+
+
+def _dead_stream(keys: TopicKeys, info: dict[str, Any]) -> str | None:
+    """The group's dead-letter stream; None for a group whose name the library would refuse (made by another
+    tool: it has none)."""
+    try:
+        return keys.consumer_dead_stream(_group_name(info))
+    except ValueError:
+        return None
+
+
 def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[str, Any]] | Exception]:
     """:func:`consumer_lag` of every topic of ``streams`` (their partitions together), topic -> its rows, or the
-    error that kept it from being read. Two pipelines per :data:`PIPELINE_CHUNK` streams: ``XINFO GROUPS``, then
-    ``XPENDING`` and ``XLEN`` per group."""
+    error that kept it from being read (a partition on a master that is down). Two rounds of pipelines
+    (:func:`~redis_txmq.connection.pipeline_each`): ``XINFO GROUPS``, then ``XPENDING`` and ``XLEN`` per group."""
     failed: dict[str, Exception] = {}
     found: list[tuple[TopicKeys, dict[str, Any]]] = []
-    for start in range(0, len(streams), PIPELINE_CHUNK):
-        chunk = streams[start : start + PIPELINE_CHUNK]
-        with client.pipeline(transaction=False) as pipe:
-            for keys in chunk:
-                pipe.xinfo_groups(keys.topic_stream)
-            infos = pipe.execute(raise_on_error=False)
-        for keys, reply in zip(chunk, infos, strict=True):
-            if _is_missing_key(reply):
-                continue
-            if isinstance(reply, Exception):
-                failed.setdefault(keys.topic, reply)
-                continue
-            found.extend((keys, info) for info in reply)
+
+    def queue_info(pipe: Any, keys: TopicKeys) -> int:
+        pipe.xinfo_groups(keys.topic_stream)
+        return 1
+
+    for keys, replies in zip(streams, pipeline_each(client, streams, queue_info), strict=True):
+        reply = replies if isinstance(replies, Exception) else replies[0]
+        if _is_missing_key(reply):
+            continue
+        if isinstance(reply, Exception):
+            failed.setdefault(keys.topic, reply)
+            continue
+        found.extend((keys, info) for info in reply)
+
+    def calls_of(keys: TopicKeys, info: dict[str, Any]) -> tuple[str, ...]:
+        calls: tuple[str, ...] = ("oldest",) if int(info.get("pending") or 0) else ()
+        return calls + ("dead",) if _dead_stream(keys, info) is not None else calls
+
+    def queue_group(pipe: Any, found_one: tuple[TopicKeys, dict[str, Any]]) -> int:
+        keys, info = found_one
+        calls = calls_of(keys, info)
+        if "oldest" in calls:
+            pipe.xpending_range(keys.topic_stream, _group_name(info), min="-", max="+", count=1)
+        if "dead" in calls:
+            pipe.xlen(_dead_stream(keys, info))
+        return len(calls)
+
     answered: list[tuple[TopicKeys, dict[str, Any], dict[str, Any]]] = []
-    for start in range(0, len(found), PIPELINE_CHUNK):
-        chunk = found[start : start + PIPELINE_CHUNK]
-        asked: list[tuple[str, ...]] = []
-        with client.pipeline(transaction=False) as pipe:
-            for keys, info in chunk:
-                group = entries.text(info["name"]) or ""
-                calls: tuple[str, ...] = ()
-                if int(info.get("pending") or 0):
-                    pipe.xpending_range(keys.topic_stream, group, min="-", max="+", count=1)
-                    calls += ("oldest",)
-                try:
-                    dead_stream = keys.consumer_dead_stream(group)
-                except ValueError:
-                    dead_stream = None
-                if dead_stream is not None:
-                    pipe.xlen(dead_stream)
-                    calls += ("dead",)
-                asked.append(calls)
-            replies = iter(pipe.execute(raise_on_error=False))
-        for (keys, info), calls in zip(chunk, asked, strict=True):
-            answers = {call: next(replies) for call in calls}
-            error = next((a for a in answers.values() if isinstance(a, Exception)), None)
-            if error is not None:
-                failed.setdefault(keys.topic, error)
-            else:
-                answered.append((keys, info, answers))
+    for (keys, info), replies in zip(found, pipeline_each(client, found, queue_group), strict=True):
+        error = (
+            replies if isinstance(replies, Exception) else next((r for r in replies if isinstance(r, Exception)), None)
+        )
+        if error is not None:
+            failed.setdefault(keys.topic, error)
+            continue
+        answered.append((keys, info, dict(zip(calls_of(keys, info), replies, strict=True))))
     rows: dict[str, dict[str, dict[str, Any]]] = {keys.topic: {} for keys in streams}
     for keys, info, answers in answered:
-        group = entries.text(info["name"]) or ""
+        group = _group_name(info)
         lag = info.get("lag")
         row = rows[keys.topic].setdefault(
             group,

@@ -7,9 +7,9 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -26,6 +26,8 @@ except ImportError:  # pragma: no cover - redis[hiredis] is a dependency, but th
     _hiredis_pack = None
 
 logger = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
 
 ASYNC_MAX_CONNECTIONS = 64
 """Connections of an asyncio client made from a URL; a call waits for one when all are busy."""
@@ -205,6 +207,49 @@ def connection_errors() -> Iterator[None]:
         if error is None:
             raise
         raise error from exc
+
+
+PIPELINE_CHUNK = 500
+"""Items per pipeline of :func:`pipeline_each` (a few commands each)."""
+
+
+def pipeline_each(
+    client: Any, items: Sequence[Item], queue: Callable[[Any, Item], int], chunk: int = PIPELINE_CHUNK
+) -> list[list[Any] | Exception]:
+    """Each item's replies (error replies among them) or the error that kept them from being read, in the order of
+    ``items``; ``queue(pipe, item)`` queues the item's commands and says how many.
+
+    Pipelines of ``chunk`` items: a round trip per item costs Redis more than the commands at thousands of topics.
+    redis-py's cluster pipeline raises as a whole when one of its nodes cannot be reached (a master down): that
+    chunk is read again item by item, so only the unreachable master's items carry the error and the others are
+    read."""
+    results: list[list[Any] | Exception] = []
+    for start in range(0, len(items), chunk):
+        part = items[start : start + chunk]
+        try:
+            results.extend(_pipelined(client, part, queue))
+        except REDIS_ERRORS as exc:
+            if len(part) == 1:
+                results.append(exc)
+                continue
+            for item in part:
+                try:
+                    results.extend(_pipelined(client, [item], queue))
+                except REDIS_ERRORS as item_exc:
+                    results.append(item_exc)
+    return results
+
+
+def _pipelined(client: Any, items: Sequence[Item], queue: Callable[[Any, Item], int]) -> list[list[Any] | Exception]:
+    with client.pipeline(transaction=False) as pipe:
+        counts = [queue(pipe, item) for item in items]
+        replies = pipe.execute(raise_on_error=False) if any(counts) else []
+    split: list[list[Any] | Exception] = []
+    at = 0
+    for count in counts:
+        split.append(list(replies[at : at + count]))
+        at += count
+    return split
 
 
 def is_cluster(client: Any) -> bool:

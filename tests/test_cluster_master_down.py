@@ -22,8 +22,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from checker import Checker
+from checker import Checker, CheckerMetrics
 from redis_txmq import Message, Settings, TransactionProducer, TxMQError, create_topic
+from redis_txmq.admin import registered_topics
 from redis_txmq.broker import RedisBroker
 from redis_txmq.embedded import LocalCluster
 from redis_txmq.keys import (
@@ -42,6 +43,7 @@ from .helpers import server_ms, wait_until
 from .test_checker import COMMIT, UNKNOWN, Answers, running
 from .test_consumer import AsyncioApi, SyncApi
 from .test_consumer import running as consuming
+from .test_consumer_lag import samples
 
 pytestmark = pytest.mark.slow
 
@@ -361,3 +363,39 @@ def test_a_check_never_sent_gives_its_count_back_once(cluster_url: str) -> None:
             broker.note_check_requests(keys, [SentCheck(tx.transaction_id, "", "")])
     finally:
         client.close()
+
+
+def test_the_gauges_of_topics_on_healthy_masters_follow_them_while_another_master_is_down(
+    one_master_down: OneMasterDown,
+) -> None:
+    """The checker's gauges are read in pipelines over all topics: a master down fails its own topics' reads (they
+    keep their last values, counted as errors), and the other topics' gauges still follow what happens on theirs."""
+    down = one_master_down
+    cluster, victim = down.cluster, down.victim
+    up_topic = _names_on(cluster, victim.name, False, "up")
+    down_topic = _names_on(cluster, victim.name, True, "down")
+    settings = replace(PATIENT, transaction_timeout=3600)
+    listener = Answers(default=COMMIT)
+    with TransactionProducer(down.group(), listener, client=cluster, settings=settings) as producer:
+        for topic in (up_topic, down_topic):
+            producer.send_message_in_transaction(Message(topic, b"before"), arg=UNKNOWN)
+    metrics = CheckerMetrics(observe_interval=3600)
+    assert metrics.observer.observe(cluster, registered_topics(cluster), force=True)
+    before = samples(metrics)
+    down_gauge = ("txmq_oldest_in_flight_age_seconds", (("topic", down_topic),))
+    assert down_gauge in before
+
+    down.goes_down()
+    survivors = RedisCluster.from_url(down.url)
+    try:
+        survivors.xgroup_create(up_topic, "billing", id="0", mkstream=True)
+        survivors.xadd(up_topic, {"body": b"after"})
+        errors = metrics.errors.labels("observe")._value.get()
+        assert metrics.observer.observe(survivors, registered_topics(survivors), force=True)
+        exposed = samples(metrics)
+        assert exposed[("txmq_consumer_lag", (("group", "billing"), ("topic", up_topic)))] == 1
+        assert exposed[("txmq_oldest_in_flight_age_seconds", (("topic", up_topic),))] > 0
+        assert exposed[down_gauge] == before[down_gauge]  # kept
+        assert metrics.errors.labels("observe")._value.get() == errors + 1  # the dead master's topic alone
+    finally:
+        survivors.close()

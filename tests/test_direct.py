@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from redis_txmq import wire
 from redis_txmq.direct import ScriptRunner
 
 ECHO_OR_FAIL = """
@@ -70,6 +71,35 @@ def test_a_killed_connection_is_reopened(real_client, redis_url):
     finally:
         runner.close()
         client.close()
+
+
+def test_a_script_missing_again_on_the_socket_its_calls_are_resent_on_is_loaded_there(real_client, redis_url):
+    """NOSCRIPT is answered by loading the script and sending its calls again. When that write meets a dropped
+    connection, it is tried again on a new socket, which after a failover reaches a new master without the script:
+    the second try loads it there too (it used to send the calls alone, and fail them with NOSCRIPT)."""
+    sends: list[bytes] = []
+
+    class Dropping(redis.Connection):
+        def send_packed_command(self, command, check_health=True):
+            payload = b"".join(bytes(part) for part in command) if isinstance(command, list) else bytes(command)
+            if b"EVALSHA" in payload:
+                sends.append(payload)
+                if len(sends) == 2:  # the calls sent again after NOSCRIPT: the server loses its scripts, the socket
+                    real_client.script_flush()
+                    raise redis.ConnectionError("connection reset by the test")
+            return super().send_packed_command(command, check_health)
+
+    kwargs = real_client.connection_pool.connection_kwargs
+    conn = Dropping(host=kwargs["host"], port=kwargs["port"], db=kwargs.get("db", 0))
+    script = real_client.register_script(ECHO_OR_FAIL)
+    real_client.script_flush()
+    try:
+        replies, _ = wire.run_scripts(conn, [(script, ["k"], ["once"])], pack=None, durability=None)
+    finally:
+        conn.disconnect()
+    assert replies == [[b"k", b"once"]]
+    assert len(sends) == 3 and b"SCRIPT" in sends[2]
+    assert real_client.get("k") == b"1"
 
 
 def test_close_releases_the_runners_connections(real_client, redis_url):

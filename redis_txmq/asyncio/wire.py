@@ -91,9 +91,11 @@ async def run_scripts(
     durability: Durability | None,
     connect_first: bool = False,
 ) -> tuple[list[Any], Any]:
-    """EVALSHA of every call in one write (:func:`exchange_with_retry`); a script the server does not have
-    (NOSCRIPT) is loaded on the same connection and its calls sent again. Returns the replies (a refused call's
-    error in its place) and the confirmation (None when it cannot count)."""
+    """EVALSHA of every call in one write (:func:`exchange_with_retry`); the calls of a script the server does not
+    have (NOSCRIPT: a restart, a failover, ``SCRIPT FLUSH``) are sent again after a ``SCRIPT LOAD`` of it in one
+    more write, so that a second try of that write on a new socket (which may reach a new master) loads it there
+    too. Returns the replies (a refused call's error in its place) and the confirmation (None when it cannot
+    count)."""
     commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]
     replies, confirmation = await exchange_with_retry(
         conn, commands, pack=pack, durability=durability, connect_first=connect_first
@@ -101,16 +103,15 @@ async def run_scripts(
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if not missing:
         return replies, confirmation
-    for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
-        await conn.send_command("SCRIPT", "LOAD", script.script)
-        sha = await conn.read_response()
-        script.sha = sha.decode() if isinstance(sha, bytes) else sha
+    scripts = list({id(calls[i][0]): calls[i][0] for i in missing}.values())
+    loads = [("SCRIPT", "LOAD", script.script) for script in scripts]
     resent = [("EVALSHA", calls[i][0].sha, len(calls[i][1]), *calls[i][1], *calls[i][2]) for i in missing]
     again, confirmed_again = await exchange_with_retry(
-        conn, resent, pack=pack, durability=durability, connect_first=connect_first
+        conn, [*loads, *resent], pack=pack, durability=durability, connect_first=connect_first
     )
-    for i, reply in zip(missing, again, strict=True):
-        replies[i] = reply
+    refused = {id(script): reply for script, reply in zip(scripts, again, strict=False) if isinstance(reply, Exception)}
+    for i, reply in zip(missing, again[len(loads) :], strict=True):
+        replies[i] = refused.get(id(calls[i][0]), reply)  # a refused load (an ACL) says more than its NOSCRIPT
     # NOSCRIPT ran nothing: the calls it refused ran in the second write, whose confirmation covers them and
     # follows the first write's on the same connection
     return replies, (confirmed_again if confirmation is not None else None)

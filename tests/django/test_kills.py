@@ -97,9 +97,7 @@ def test_kills_between_database_commit_and_end_call_and_between_commit_and_ack(
         assert dies.wait(60) == -9, output(dies)
         running.append(billing(alias, redis_url))  # takes over the unacked one
         wait_until(
-            lambda: (
-                Invoice.objects.using(alias).count() >= ORDERS and pending(real_client, "orders", "billing") == 0
-            ),
+            lambda: Invoice.objects.using(alias).count() >= ORDERS and pending(real_client, "orders", "billing") == 0,
             timeout=30,
         )
     finally:

@@ -1,7 +1,8 @@
-"""Release 0.1.0 beside this checkout: its code extracted from the git tag ``v0.1.0``, and a fleet of processes of
-either release (producers of ``roles.py``, ``txmq checker``) against the session's real Redis.
+"""Release 0.1.0 beside this checkout: its code extracted from git (the tag ``v0.1.0``, or the commit it names when
+a clone carries no tags), and a fleet of processes of either release (producers of ``roles.py``, ``txmq checker``)
+against the session's real Redis.
 
-Without the tag (a shallow clone, a source archive) the upgrade tests are skipped, except in CI (``CI=true``),
+Without that commit (a shallow clone, a source archive) the upgrade tests are skipped, except in CI (``CI=true``),
 where they fail and say how to fetch it.
 """
 
@@ -27,6 +28,8 @@ from ..helpers import server_ms, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE_TAG = "v0.1.0"
+RELEASE_COMMIT = "710c162d89f5201653539ba921b5a3a15d9b59cd"
+"""The commit ``v0.1.0`` names: a clone of the branch alone has it in its history but not the tag."""
 ROLES = Path(__file__).with_name("roles.py")
 CRASH_STATUS = 17  # roles.CRASH_STATUS (roles.py runs on either release: it is not imported here)
 
@@ -43,28 +46,43 @@ def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=False)
 
 
+def _release_commit() -> str | None:
+    """The tag when the clone has it, else the commit it names when the history holds it; ``None`` without either."""
+    for name in (RELEASE_TAG, RELEASE_COMMIT):
+        try:
+            if _git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}").returncode == 0:
+                return name
+        except FileNotFoundError:  # no git
+            return None
+    return None
+
+
 @pytest.fixture(scope="session")
 def old_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding release 0.1.0's ``redis_txmq``, ``checker`` and ``lua`` (its scripts.py finds ``lua/``
     beside the package, as in a checkout): put first on ``PYTHONPATH``, it is what a process imports."""
-    try:
-        found = _git("rev-parse", "--verify", "--quiet", f"{RELEASE_TAG}^{{commit}}").returncode == 0
-    except FileNotFoundError:  # no git
-        found = False
-    if not found:
-        why = f"the git tag {RELEASE_TAG} (today's release, the old side of the upgrade tests) is not in {ROOT}"
+    release = _release_commit()
+    if release is None:
+        why = (
+            f"release 0.1.0 (tag {RELEASE_TAG}, commit {RELEASE_COMMIT[:12]}), the old side of the upgrade tests, "
+            f"is not in {ROOT}"
+        )
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{why}: fetch it (git fetch --tags origin; a shallow CI checkout needs its tags fetched)")
+            pytest.fail(f"{why}: fetch the history (git fetch --unshallow --tags origin: a shallow checkout lacks it)")
         pytest.skip(why)
     folder = tmp_path_factory.mktemp("release-0.1.0")
     archive = subprocess.Popen(
-        ["git", "-C", str(ROOT), "archive", RELEASE_TAG, "redis_txmq", "checker", "lua"], stdout=subprocess.PIPE
+        ["git", "-C", str(ROOT), "archive", release, "redis_txmq", "checker", "lua"], stdout=subprocess.PIPE
     )
     subprocess.run(["tar", "-x", "-C", str(folder)], stdin=archive.stdout, check=True)
     assert archive.wait() == 0
     probe = subprocess.run(
-        [sys.executable, "-c", "import checker, redis_txmq, redis_txmq.scripts as s; print(redis_txmq.__version__); "
-         "print(redis_txmq.__file__); print(checker.__file__); print(s._read.__wrapped__('heartbeat.lua'))"],
+        [
+            sys.executable,
+            "-c",
+            "import checker, redis_txmq, redis_txmq.scripts as s; print(redis_txmq.__version__); "
+            "print(redis_txmq.__file__); print(checker.__file__); print(s._read.__wrapped__('heartbeat.lua'))",
+        ],
         env=release_env(folder, {}),
         cwd=folder,
         capture_output=True,

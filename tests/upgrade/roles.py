@@ -110,9 +110,7 @@ def main() -> int:
         for n in range(options.crash):
             body = f"{options.prefix}-crash{n}-{CRASH_KINDS[n % len(CRASH_KINDS)]}"
             message = Message(options.topic, body.encode())
-            threading.Thread(
-                target=producer.send_message_in_transaction, args=(message, CRASH), daemon=True
-            ).start()
+            threading.Thread(target=producer.send_message_in_transaction, args=(message, CRASH), daemon=True).start()
         for _ in range(options.crash):
             if not listener.crashing.acquire(timeout=30):
                 print("the transactions to crash in were not all prepared within 30 s", file=sys.stderr)

@@ -59,9 +59,7 @@ class Command(BaseCommand):
             apply = import_string(options["handler"])
         except ImportError as exc:
             raise CommandError(f"--handler {options['handler']!r}: {exc}") from exc
-        consumer_options = {
-            name: options[name] for name in ("block", "min_idle_time") if options[name] is not None
-        }
+        consumer_options = {name: options[name] for name in ("block", "min_idle_time") if options[name] is not None}
         inbox = Inbox(using=options["database"])
         handler = inbox.handler(apply, consumer_group=options["group"])
         with Consumer(
