@@ -15,7 +15,7 @@
 --        or {'ERR', code, detail} with code BADARG | NOT_FOUND | CONFLICT | GROUP_MISMATCH | DEAD | CORRUPT | WRONGTYPE.
 -- COMMIT appends to the topic stream and writes the op record in this one call: no crash can split them.
 -- One of the two calls of every send: no helper functions (see topic_keys.lua). The end itself is the fragment
--- lua/include/end_one.lua, the text end_transactions.lua runs for each end of a batch; applying the outcome and
+-- lua/include/end_one.lua, whose parts end_transactions.lua runs for each end of a batch; applying the outcome and
 -- retiring the half message inside it are the fragments apply_outcome.lua and retire_half.lua, inlined by the
 -- loader (lua/README.md), the same text dead_resolve and topic_lib's retire (the checker's burials) run. Nine
 -- commands on the common path: no TIME (the op record's id is the server's time) and no sweep of expired outcomes

@@ -1,31 +1,121 @@
--- end_transactions: apply the ends of many transactions of one topic partition in one call, each with exactly the
--- rules of end_transaction.lua (the fragment lua/include/end_one.lua, the same text), in order, each atomic with
--- the others (one script). What the asyncio lane sends when several ends to the same topic keys are in flight
--- together: one script invocation instead of one per end (redis_txmq/asyncio/lane.py).
+-- end_transactions: apply the ends of many transactions of one topic partition in one call, each with the rules of
+-- end_transaction.lua (lua/include/end_one.lua), in order, each atomic with the others (one script). What the
+-- asyncio lane sends when several ends to the same topic keys are in flight together (redis_txmq/asyncio/lane.py).
 -- KEYS: the topic keys of topic_keys.lua, those of every end of the call.
 -- ARGV[1] width              the number of arguments of each end (8)
--- ARGV[2] ..                 the ends, `width` arguments each, each laid out as end_transaction's ARGV[1] .. [8]
+-- ARGV[2] ..                 the ends, `width` arguments each, each laid out as end_transaction's ARGV[1] .. [8];
+--                            at most 2000 ends
 -- Reply: one reply per end, in order: end_transaction's reply ({'OK', ...} or {'ERR', code, detail}), or the error
 --        reply of a command that failed inside that end (the Lua error end_transaction would have raised: a
 --        redis.call refused, e.g. out of memory); the ends before and after it still run. An error reply for the
---        whole call only for a malformed ARGV.
+--        whole call for a malformed ARGV, and when the server is a replica (READONLY, MASTERDOWN: each_call.lua).
+-- Cost: the indexes are read and written once per call, not once per end. Before the ends, one HMGET of
+-- `inflight` and one ZMSCORE of `unchecked` (which transactions are in flight, which were never checked); after
+-- them, one HSET of `ended`, ZADD of `ended_at`, XDEL of the half messages, HDEL of `inflight`, ZREM of `unchecked`
+-- (and HDEL of `remarks`) for all the ends applied. In between, each end reads and updates local tables standing for
+-- those keys (`half_of`, `unchecked_of`, `ended_of`), so an end sees every end before it in the call exactly as
+-- the second of two end_transaction calls sees the first: a transaction ended twice in one call is applied once
+-- and answered DUPLICATE (or CONFLICT) the second time. What an end still does itself on the common path (a COMMIT
+-- of a never-checked transaction): XRANGE of its half message, XADD to the topic stream, XADD of the op record.
+-- The rest of the rules are end_one.lua's, line for line; tests/test_batch_equivalence.py runs random calls through
+-- this script and through end_transaction one by one and compares the replies and every key.
 -- Every end is idempotent, so a batch sent twice (after a connection error) or holding the same end twice applies
 -- each once. An end that fails part-way has written what end_transaction would have written before failing
--- (scripts do not roll back): out of memory refuses its first write, so nothing; a companion key of another type
--- (written over by another tool) fails a write after the topic entry, which is then published and the transaction
--- left in flight, so a repeat publishes it again (as end_transaction does; ruling it out would cost a TYPE per key).
+-- (scripts do not roll back; the writes after the ends carry what the failed end had written up to its failure):
+-- out of memory refuses its first write, so nothing; a companion key of another type (written over by another
+-- tool) fails a write after the topic entry, which is then published and the transaction left in flight, so a
+-- repeat publishes it again (as end_transaction does; ruling it out would cost a TYPE per key).
+-- A remembered outcome forgotten by the sweep of one end (expire_ended, one end in ten) is forgotten for the ends
+-- after it too; the outcomes remembered by this call are written after its ends, so a dedupe window shorter than
+-- the call (under a millisecond) does not forget them within it.
 -- No helper functions but one: the end runs in a function, made once per call (not per end), so that each of its
--- `return`s (apply_outcome's refused topic stream among them) ends that end only, and pcall keeps a failed command
--- to that end's reply.
+-- `return`s ends that end only, and pcall keeps a failed command to that end's reply.
 
 local width = tonumber(ARGV[1])
-if not width or width < 8 or width % 1 ~= 0 or (#ARGV - 1) % width ~= 0 then
-  return redis.error_reply('ERR end_transactions: ARGV must be a width >= 8 then whole ends of that width, got '
-    .. #ARGV .. ' arguments')
+if not width or width < 8 or width % 1 ~= 0 or (#ARGV - 1) % width ~= 0 or (#ARGV - 1) / width > 2000 then
+  return redis.error_reply('ERR end_transactions: ARGV must be a width >= 8 then at most 2000 whole ends of that '
+    .. 'width, got ' .. #ARGV .. ' arguments')
+end
+if #ARGV == 1 then
+  return {}
 end
 
+local txids = {}
+for at = 1, #ARGV - 1, width do
+  txids[#txids + 1] = ARGV[at + 1]
+end
+local half_of, unchecked_of, ended_of = {}, {}, {}
+do
+  local in_flight = redis.call('HMGET', inflight, unpack(txids))
+  local born = redis.call('ZMSCORE', unchecked, unpack(txids))
+  for i = 1, #txids do
+    half_of[txids[i]] = in_flight[i]
+    unchecked_of[txids[i]] = born[i] ~= false
+  end
+end
+-- what the call writes after its ends: the outcomes remembered, the transactions retired
+local ended_fields, ended_times, half_ids, retired, unchecked_retired, remarks_dropped = {}, {}, {}, {}, {}, {}
+
 local function call_one(at)
-  --#include end_one
+  --#include end_args
+
+  local half_id = half_of[txid]
+  if not half_id then
+    local prior = ended_of[txid]
+    if prior == nil then
+      prior = redis.call('HGET', ended, txid)
+    end
+    --#include end_not_in_flight
+  end
+  --#include read_half
+
+  --#include publish_outcome
+  -- apply_outcome.lua's remembered outcome, written after the ends
+  if window_ms > 0 then
+    local now = string.match(op_id, '^%d+')
+    local record = outcome .. '|' .. (committed_id ~= '' and committed_id or '-') .. '|' .. half_id .. '|'
+      .. half['producer_group']
+    ended_of[txid] = record
+    ended_fields[#ended_fields + 1] = txid
+    ended_fields[#ended_fields + 1] = record
+    ended_times[#ended_times + 1] = now
+    ended_times[#ended_times + 1] = txid
+    if string.byte(now, -1) == 48 then
+      local limit = 256
+      --#include expire_ended
+    end
+  end
+
+  -- retire_half.lua, the common path's writes made after the ends
+  half_ids[#half_ids + 1] = half_id
+  retired[#retired + 1] = txid
+  half_of[txid] = false
+  local request_id = ''
+  if unchecked_of[txid] then
+    unchecked_retired[#unchecked_retired + 1] = txid
+    if window_ms == 0 then
+      remarks_dropped[#remarks_dropped + 1] = txid
+    end
+  else
+    --#include retire_checked
+  end
+  return {'OK', outcome, half_id, committed_id, 'APPLIED', request_id}
 end
 
 --#include each_call
+
+if #ended_fields > 0 then
+  redis.call('HSET', ended, unpack(ended_fields))
+  redis.call('ZADD', ended_at, unpack(ended_times))
+end
+if #retired > 0 then
+  redis.call('XDEL', half_stream, unpack(half_ids))
+  redis.call('HDEL', inflight, unpack(retired))
+end
+if #unchecked_retired > 0 then
+  redis.call('ZREM', unchecked, unpack(unchecked_retired))
+end
+if #remarks_dropped > 0 then
+  redis.call('HDEL', remarks, unpack(remarks_dropped))
+end
+return replies

@@ -19,8 +19,8 @@
 -- (eight, with the wake, when nothing else of the topic is unchecked).
 -- The topic key's type is checked when a process first sends to the topic (redis_txmq.protocol.refuse_topic_key),
 -- not here; the end refuses to commit onto a key of another type and keeps the transaction in flight.
--- The prepare itself is the fragment lua/include/prepare_one.lua, the text prepare_halves.lua runs for each
--- prepare of a batch; its header says how a prepare wakes the topic in the checkers' schedule (KEYS[14]).
+-- The prepare itself is the fragment lua/include/prepare_one.lua, whose parts prepare_halves.lua runs for
+-- each prepare of a batch; its header says how a prepare wakes the topic in the checkers' schedule (KEYS[14]).
 
 local at, width = 0, #ARGV
 --#include prepare_one

@@ -1,30 +1,111 @@
 -- prepare_halves: write the half messages of many new transactions of one topic partition in one call, each with
--- exactly the rules of prepare_half.lua (the fragment lua/include/prepare_one.lua, the same text), in order, each
--- atomic with the others (one script). What the asyncio lane sends when several prepares to the same topic keys
--- are in flight together: one script invocation instead of one per prepare (redis_txmq/asyncio/lane.py).
+-- the rules of prepare_half.lua (lua/include/prepare_one.lua), in order, each atomic with the others (one script).
+-- What the asyncio lane sends when several prepares to the same topic keys are in flight together
+-- (redis_txmq/asyncio/lane.py).
 -- KEYS: the topic keys of topic_keys.lua, those of every prepare of the call (schedule, KEYS[14], when passed).
 -- ARGV[1] width              the number of arguments of each prepare (9, or 10 with parent_transaction_id)
--- ARGV[2] ..                 the prepares, `width` arguments each, each laid out as prepare_half's ARGV[1] .. [10]
+-- ARGV[2] ..                 the prepares, `width` arguments each, each laid out as prepare_half's ARGV[1] .. [10];
+--                            at most 2000 prepares
 -- Reply: one reply per prepare, in order: prepare_half's reply ({'OK', ...} or {'ERR', code, detail}), or the error
 --        reply of a command that failed inside that prepare (the Lua error prepare_half would have raised: a
---        redis.call refused); the prepares before and after it still run. An error reply for the whole call only
---        for a malformed ARGV.
--- Wake: each prepare wakes the topic as prepare_half would, in turn: the first into an empty `unchecked` (and any
--- with its own immunity) writes the schedule (or replies its wake time when KEYS[14] is not passed); the ones after
--- it find `unchecked` non-empty and do not, which is correct: the first one's score covers them (prepare_one.lua).
+--        redis.call refused); the prepares before and after it still run. An error reply for the whole call for a
+--        malformed ARGV, and when the server is a replica (READONLY, MASTERDOWN: each_call.lua).
+-- Cost: the indexes are read and written once per call, not once per prepare. Before the prepares, one HMGET each
+-- of `inflight`, `ended` and `dead_index` (which transactions are in flight, ended or dead-lettered already); for
+-- the first prepare that writes, one TIME (every half message of the call is born at that time) and one EXISTS of
+-- `unchecked`; after them, one HSET of `inflight` and one ZADD of `unchecked` for all the half messages written.
+-- In between, each prepare reads and updates local tables standing for those keys (`half_of`, `has_unchecked`), so
+-- a prepare sees every prepare before it in the call exactly as the second of two prepare_half calls sees the
+-- first: a transaction prepared twice in one call is written once and answered DUPLICATE the second time, and only
+-- the first prepare into an empty `unchecked` wakes the topic. What a prepare still does itself on the common
+-- path: the XADD of its half message. The rest of the rules are prepare_one.lua's, line for line (its header says
+-- how a prepare wakes the topic in the checkers' schedule); tests/test_batch_equivalence.py runs random calls
+-- through this script and through prepare_half one by one and compares the replies and every key.
 -- Every prepare is idempotent (a repeated transaction id is a DUPLICATE with the first half id), so a batch sent
 -- twice (after a connection error) or holding the same transaction twice writes each half message once.
 -- No helper functions but one: the prepare runs in a function, made once per call (not per prepare), so that each
 -- of its `return`s ends that prepare only, and pcall keeps a failed command to that prepare's reply.
 
 local width = tonumber(ARGV[1])
-if not width or width < 9 or width % 1 ~= 0 or (#ARGV - 1) % width ~= 0 then
-  return redis.error_reply('ERR prepare_halves: ARGV must be a width >= 9 then whole prepares of that width, got '
-    .. #ARGV .. ' arguments')
+if not width or width < 9 or width % 1 ~= 0 or (#ARGV - 1) % width ~= 0 or (#ARGV - 1) / width > 2000 then
+  return redis.error_reply('ERR prepare_halves: ARGV must be a width >= 9 then at most 2000 whole prepares of that '
+    .. 'width, got ' .. #ARGV .. ' arguments')
+end
+if #ARGV == 1 then
+  return {}
 end
 
+local txids = {}
+for at = 1, #ARGV - 1, width do
+  txids[#txids + 1] = ARGV[at + 1]
+end
+local half_of, ended_of, dead_of = {}, {}, {}
+do
+  local in_flight = redis.call('HMGET', inflight, unpack(txids))
+  local prior = redis.call('HMGET', ended, unpack(txids))
+  local dead = redis.call('HMGET', dead_index, unpack(txids))
+  for i = 1, #txids do
+    half_of[txids[i]] = in_flight[i]
+    ended_of[txids[i]] = prior[i]
+    dead_of[txids[i]] = dead[i] ~= false
+  end
+end
+local time, has_unchecked = nil, nil
+-- what the call writes after its prepares: the half messages indexed
+local inflight_fields, unchecked_members = {}, {}
+
 local function call_one(at)
-  --#include prepare_one
+  --#include prepare_args
+
+  local half_id = half_of[txid]
+  if half_id then
+    return {'OK', half_id, 'PREPARED', 'DUPLICATE'}
+  end
+  local prior = ended_of[txid]
+  if prior then
+    local state, _, prior_half = string.match(prior, '^([^|]+)|([^|]+)|([^|]+)')
+    return {'OK', prior_half, state, 'DUPLICATE'}
+  end
+  if dead_of[txid] then
+    return {'OK', '', 'DEAD', 'DUPLICATE'}
+  end
+
+  if not time then
+    time = redis.call('TIME')
+  end
+  --#include half_fields
+
+  half_id = redis.call('XADD', half_stream, '*', unpack(fields))
+  half_of[txid] = half_id
+  inflight_fields[#inflight_fields + 1] = txid
+  inflight_fields[#inflight_fields + 1] = half_id
+  local wake = born_ms
+  if immunity_ms then
+    redis.call('ZADD', due, string.format('%d', tonumber(born_ms) + immunity_ms), txid)
+  else
+    if has_unchecked == nil then
+      has_unchecked = redis.call('EXISTS', unchecked) == 1
+    end
+    if has_unchecked then
+      wake = ''
+    end
+    unchecked_members[#unchecked_members + 1] = born_ms
+    unchecked_members[#unchecked_members + 1] = txid
+    has_unchecked = true
+  end
+  if wake ~= '' and schedule then
+    redis.call('ZADD', schedule, wake, topic_stream)
+    wake = ''
+  end
+  return {'OK', half_id, 'PREPARED', 'NEW', wake}
 end
 
 --#include each_call
+
+if #inflight_fields > 0 then
+  redis.call('HSET', inflight, unpack(inflight_fields))
+end
+if #unchecked_members > 0 then
+  redis.call('ZADD', unchecked, unpack(unchecked_members))
+end
+return replies

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from redis_txmq.durability import Durability
 from redis_txmq.errors import CorruptEntryError, DurabilityError, PrepareError, TransactionConflictError, TxMQError
 from redis_txmq.keys import SCHEDULE, TopicKeys
 from redis_txmq.protocol import EndResult, EndSource, PrepareResult
-from redis_txmq.scripts import assemble, register_topic_script, script_source, script_text, topic_preludes
+from redis_txmq.scripts import register_topic_script, script_text, topic_preludes
 from redis_txmq.topics import create_topic, partition_keys_of
 
 from .replicas import replicated_fixture  # noqa: F401 - the fixture 'replicated'
@@ -315,15 +314,9 @@ def test_an_error_of_the_whole_batch_call_is_each_of_its_ends_error() -> None:
     assert all(isinstance(r, redis.ResponseError) and "2 calls" in str(r) for r in replies[5:])
 
 
-def test_one_end_and_a_batch_of_ends_run_the_same_text() -> None:
-    text = (Path(__file__).resolve().parent.parent / "lua" / "include" / "end_one.lua").read_text(encoding="utf-8")
-    end_one = assemble(text, "include/end_one").rstrip("\n")
-    assert end_one in script_source("end_transaction")
-    indented = "\n".join("  " + line if line else line for line in end_one.split("\n"))
-    assert "local function call_one(at)\n" + indented + "\nend\n" in script_source("end_transactions")
-
-
-def test_a_batch_makes_an_end_s_nine_commands_per_end_and_nothing_more(real_client) -> None:
+def test_a_batch_of_ends_makes_three_commands_per_end_and_the_index_writes_once(real_client) -> None:
+    """The common path of a batch of ends: each end reads its half message and writes its topic entry and op record;
+    the indexes are read once (HMGET, ZMSCORE) and written once (HSET, ZADD, XDEL, HDEL, ZREM) for the call."""
     keys = TopicKeys("orders")
     prepare = register_topic_script(real_client, "prepare_half")
     ends = register_topic_script(real_client, "end_transactions")
@@ -344,8 +337,9 @@ def test_a_batch_makes_an_end_s_nine_commands_per_end_and_nothing_more(real_clie
     }
     # the sweep of expired outcomes (ZRANGEBYSCORE, XTRIM) runs in the ends whose time ends in 0 ms
     assert calls.pop("zrangebyscore", 0) == calls.pop("xtrim", 0)
-    nine = {"hget": 1, "xrange": 1, "xadd": 2, "hset": 1, "zadd": 1, "xdel": 1, "hdel": 1, "zrem": 1}
-    assert calls == {name: 19 * count for name, count in nine.items()}
+    per_end = {"xrange": 1, "xadd": 2}
+    once = {"hmget": 1, "zmscore": 1, "hset": 1, "zadd": 1, "xdel": 1, "hdel": 1, "zrem": 1}
+    assert calls == {name: 19 * per_end.get(name, 0) + once.get(name, 0) for name in per_end | once}
 
 
 # --- prepares: lua/prepare_halves.lua ------------------------------------------------------------------------------
@@ -559,8 +553,8 @@ def test_a_batch_wakes_the_topic_as_the_prepares_one_by_one_would(real_client, r
     assert all(r.wake == "" for r in (*first, *second)), "the script wrote the schedule (KEYS[14])"
     born = [fields[b"born_ms"].decode() for _, fields in real_client.xrange(keys.half_stream)]
     assert after_first == int(born[0]), "scored at the first prepare's birth"
-    # ten prepares: one ZADD each into `unchecked`, one into the schedule
-    assert stats["cmdstat_zadd"]["calls"] == 11 and stats["cmdstat_exists"]["calls"] == 10
+    # ten prepares in one call: one ZADD of them all into `unchecked`, one into the schedule (one wake)
+    assert stats["cmdstat_zadd"]["calls"] == 2 and stats["cmdstat_exists"]["calls"] == 1
     for topic in (keys, idle):
         wakes, score = wakes_expected(real_client, topic)
         assert real_client.zscore(SCHEDULE, topic.topic_stream) == int(score)
@@ -636,15 +630,10 @@ def test_a_prepare_durability_shortfall_gives_each_caller_its_own_reply(real_cli
     assert half_messages_written(real_client, keys) == 8
 
 
-def test_one_prepare_and_a_batch_of_prepares_run_the_same_text() -> None:
-    text = (Path(__file__).resolve().parent.parent / "lua" / "include" / "prepare_one.lua").read_text(encoding="utf-8")
-    prepare_one = assemble(text, "include/prepare_one").rstrip("\n")
-    assert prepare_one in script_source("prepare_half")
-    indented = "\n".join("  " + line if line else line for line in prepare_one.split("\n"))
-    assert "local function call_one(at)\n" + indented + "\nend\n" in script_source("prepare_halves")
-
-
-def test_a_batch_makes_a_prepare_s_seven_commands_per_prepare_and_one_wake(real_client) -> None:
+def test_a_batch_of_prepares_makes_one_command_per_prepare_and_the_index_reads_and_writes_once(real_client) -> None:
+    """The common path of a batch of prepares: each prepare writes its half message; the indexes are read once
+    (HMGET of inflight, ended, dead_index; TIME; EXISTS) and written once (HSET, ZADD) for the call, and the topic is
+    woken once."""
     keys = TopicKeys("orders")
     prepares = register_topic_script(real_client, "prepare_halves")
     args: list[Any] = [9]
@@ -660,8 +649,7 @@ def test_a_batch_makes_a_prepare_s_seven_commands_per_prepare_and_one_wake(real_
         for name, stats in real_client.info("commandstats").items()
         if name not in ("cmdstat_evalsha", "cmdstat_info", "cmdstat_config|resetstat")
     }
-    seven = {"hget": 2, "hexists": 1, "time": 1, "xadd": 1, "hset": 1, "exists": 1, "zadd": 1}
-    assert calls == {name: 20 * count + (name == "zadd") for name, count in seven.items()}
+    assert calls == {"hmget": 3, "time": 1, "xadd": 20, "hset": 1, "exists": 1, "zadd": 2}
 
 
 def test_a_batch_sent_to_a_demoted_master_fails_whole_as_one_call_would(replicated: tuple[str, int]) -> None:

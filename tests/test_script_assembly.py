@@ -100,13 +100,31 @@ def test_every_script_and_fragment_of_the_project_assembles_and_every_fragment_i
     assert not unused, f"fragments nothing includes: {unused}"
 
 
+def _fragment(name: str, indent: str = "") -> str:
+    """The assembled text of ``include/<name>.lua`` as inlined at ``indent``."""
+    text = assemble((LUA / "include" / f"{name}.lua").read_text(encoding="utf-8"), name).rstrip("\n")
+    return "\n".join(indent + line if line else line for line in text.split("\n"))
+
+
 def test_the_commit_path_and_its_other_callers_run_the_same_fragment_text() -> None:
-    apply_outcome = assemble((LUA / "include" / "apply_outcome.lua").read_text(encoding="utf-8"), "apply_outcome")
-    retire_half = (LUA / "include" / "retire_half.lua").read_text(encoding="utf-8").rstrip("\n")
     end, dead = scripts.script_source("end_transaction"), scripts.script_source("dead_resolve")
-    assert apply_outcome.rstrip("\n") in end and apply_outcome.rstrip("\n") in dead
-    assert retire_half in end
-    assert "\n  " + retire_half.replace("\n", "\n  ") in scripts.script_source("topic_lib")
+    assert _fragment("apply_outcome") in end and _fragment("apply_outcome") in dead
+    assert _fragment("retire_half") in end
+    assert _fragment("retire_half", "  ") in scripts.script_source("topic_lib")
+
+
+def test_a_batch_of_ends_or_prepares_runs_the_rules_of_one_from_the_same_fragments() -> None:
+    """The batch scripts differ from the single ones only in how they read and write the indexes (once per call):
+    every rule of an end or a prepare is the same fragment text (tests/test_batch_equivalence.py compares their
+    behaviour)."""
+    ends, end = scripts.script_source("end_transactions"), scripts.script_source("end_transaction")
+    for name in ("end_args", "read_half", "publish_outcome"):
+        assert _fragment(name) in end and _fragment(name, "  ") in ends, name
+    assert _fragment("end_not_in_flight", "  ") in end and _fragment("end_not_in_flight", "    ") in ends
+    assert _fragment("retire_checked", "  ") in end and _fragment("retire_checked", "    ") in ends
+    prepares, prepare = scripts.script_source("prepare_halves"), scripts.script_source("prepare_half")
+    for name in ("prepare_args", "half_fields"):
+        assert _fragment(name) in prepare and _fragment(name, "  ") in prepares, name
 
 
 def test_the_sha_is_that_of_the_assembled_text(fake_client) -> None:

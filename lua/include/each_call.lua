@@ -2,8 +2,9 @@
 -- (its width, then whole calls of that width), each under pcall, so that a call's `return` (e.g. a refusal) or a
 -- command failing inside it is that call's reply alone ({err = ...}) and the others still apply.
 -- Expects in scope: width (checked by the script), call_one(at) (one call, its ARGV from at + 1).
--- Returns from the script: the list of replies, one per call, in order; or, when a call met a replica (READONLY,
--- MASTERDOWN), that error for the whole script. Commands: none of its own.
+-- Defines: replies, the list of replies, one per call, in order (the script returns it, after the writes it makes
+-- once for all its calls). Returns from the script, when a call met a replica (READONLY, MASTERDOWN), that error for
+-- the whole script: a replica wrote nothing for any call. Commands: none of its own.
 local replies = {}
 for at = 1, #ARGV - 1, width do
   local ok, reply = pcall(call_one, at)
@@ -23,4 +24,3 @@ for at = 1, #ARGV - 1, width do
   end
   replies[#replies + 1] = reply
 end
-return replies

@@ -1,9 +1,9 @@
 -- fragment prepare_one: one prepare of a transaction, with every rule of lua/prepare_half.lua (SPEC §4.2): its
 -- arguments checked, a repeat answered from the in-flight index, the remembered outcome or the dead letters, then
 -- the half message written, indexed, and the topic woken in the checkers' schedule when it must be. Inlined by the
--- loader (lua/README.md) into: prepare_half.lua (one prepare per call, at the script's top level: no function) and
--- prepare_halves.lua (many prepares of one topic partition per call, in a function called once per prepare: each
--- `return` is that prepare's reply).
+-- loader (lua/README.md) into prepare_half.lua (one prepare per call, at the script's top level). prepare_halves.lua
+-- (many prepares of one topic partition per call) runs the same fragments for each prepare but the reads and writes
+-- of the indexes, which it makes once for the call.
 -- Expects in scope: the topic keys (topic_keys.lua);
 --   at     the offset of this prepare's arguments in ARGV: ARGV[at + 1] .. ARGV[at + 10] are prepare_half's
 --          ARGV[1] .. ARGV[10] (transaction_id, producer_group, topic, partition, body, keys, tags, properties,
@@ -16,26 +16,12 @@
 -- schedule already covers; the first one into an empty `unchecked`, and any with its own immunity (it may be due
 -- sooner), wakes the topic: scored at its birth, a checker looks at it in its next round. The score is set, not
 -- only lowered: a look that did not see this transaction (made before it) wrote nothing yet, or wrote before the
--- wake; its write keeps a score at or after its own time (lua/schedule_topics.lua), and born is that. In a batch
--- (prepare_halves.lua) each prepare follows the same rule in turn: the first into an empty `unchecked` wakes the
--- topic, the ones after it find `unchecked` non-empty and do not.
+-- wake; its write keeps a score at or after its own time (lua/schedule_topics.lua), and born is that.
+-- prepare_halves.lua follows the same rule for each prepare in turn.
 -- Commands: seven on the common path (eight, with the wake, when nothing else of the topic is unchecked):
 -- HGET inflight, HGET ended, HEXISTS dead_index, TIME, XADD, HSET, (EXISTS, ZADD unchecked) or ZADD due, and
 -- ZADD schedule when it wakes the topic and KEYS[14] was passed.
-local txid, group, topic, partition = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
-if txid == '' or group == '' or topic == '' then
-  return {'ERR', 'BADARG', 'transaction_id, producer_group and topic must not be empty'}
-end
-if not string.find(partition, '^%d+$') then
-  return {'ERR', 'BADARG', 'partition must be a whole number, got ' .. partition}
-end
-local immunity_ms = nil
-if ARGV[at + 9] ~= '' then
-  immunity_ms = string.find(ARGV[at + 9], '^%d+$') and tonumber(ARGV[at + 9])
-  if not immunity_ms or immunity_ms <= 0 or immunity_ms > 9007199254740992 then
-    return {'ERR', 'BADARG', 'check_immunity_ms must be a whole number of ms from 1 to 2^53, got ' .. ARGV[at + 9]}
-  end
-end
+--#include prepare_args
 
 -- Idempotent: a retry after a lost reply finds the first half message.
 local half_id = redis.call('HGET', inflight, txid)
@@ -54,19 +40,7 @@ end
 -- Times come from the Redis server, never from a client: clients' clocks skew. The milliseconds are put together
 -- as text: a Lua number would go through printf and strtod on its way to the XADD and the ZADD.
 local time = redis.call('TIME')
-local born_ms = time[1] .. string.sub(string.rep('0', 6 - #time[2]) .. time[2], 1, 3)
-local fields = {'transaction_id', txid, 'producer_group', group, 'topic', topic, 'partition', partition,
-                'born_ms', born_ms, 'body', ARGV[at + 5]}
-if ARGV[at + 6] ~= '' then fields[#fields + 1] = 'keys'; fields[#fields + 1] = ARGV[at + 6] end
-if ARGV[at + 7] ~= '' then fields[#fields + 1] = 'tags'; fields[#fields + 1] = ARGV[at + 7] end
-if ARGV[at + 8] ~= '' then fields[#fields + 1] = 'properties'; fields[#fields + 1] = ARGV[at + 8] end
-if width >= 10 and ARGV[at + 10] and ARGV[at + 10] ~= '' then
-  fields[#fields + 1] = 'parent_transaction_id'; fields[#fields + 1] = ARGV[at + 10]
-end
-if immunity_ms then
-  fields[#fields + 1] = 'check_immunity_ms'
-  fields[#fields + 1] = string.format('%d', immunity_ms)
-end
+--#include half_fields
 
 half_id = redis.call('XADD', half_stream, '*', unpack(fields))
 redis.call('HSET', inflight, txid, half_id)

@@ -16,13 +16,7 @@ redis.call('XDEL', half_stream, half_id)
 redis.call('HDEL', inflight, txid)
 local request_id = ''
 if redis.call('ZREM', unchecked, txid) == 0 then
-  redis.call('ZREM', due, txid)
-  redis.call('HDEL', checks, txid)
-  request_id = redis.call('HGET', requests, txid) or ''
-  if request_id ~= '' then
-    redis.call('HDEL', requests, txid)
-  end
-  redis.call('HDEL', remarks, txid)
+  --#include retire_checked
 elseif not keep_remark then
   redis.call('HDEL', remarks, txid)
 end

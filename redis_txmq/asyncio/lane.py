@@ -9,7 +9,8 @@ Used on a standalone Redis only: redis-py's cluster pipelines refuse EVALSHA.
 Prepares (``lua/prepare_half.lua``) and ends (``lua/end_transaction.lua``) of transactions in one pipeline with the
 same KEYS (one topic partition) and the same number of arguments go out as one call of ``lua/prepare_halves.lua`` /
 ``lua/end_transactions.lua``, up to ``MAX_PER_BATCH_CALL`` per call: the same rules applied to each in turn (the
-same Lua text), one reply per call, each caller's own reply or error taken from it. A batch of prepares wakes the
+same Lua fragments, with the indexes read and written once per batch), one reply per call, each caller's own reply
+or error taken from it. A batch of prepares wakes the
 topic in the checkers' schedule as the prepares one by one would: the first into an empty ``unchecked`` wakes it,
 the others do not. One script invocation per batch instead of one per call is what the server saves (its CPU per
 transaction, ``bench/server_cpu.py``); every prepare and every end is idempotent, so a repeat of the batch (a

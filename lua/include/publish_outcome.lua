@@ -1,0 +1,34 @@
+-- fragment publish_outcome: what an outcome publishes: on COMMIT its message appended to the topic stream; in
+-- every case the op record. Inlined by the loader (lua/README.md) into: include/apply_outcome.lua (which then
+-- remembers the outcome) and end_transactions.lua (which remembers the outcomes of its ends after them).
+-- The time is the op record's id (the server's clock, as XADD reads it): no TIME call.
+-- Expects in scope: the topic keys (topic_keys.lua); txid, outcome ('COMMIT' or 'ROLLBACK'), half (the half
+--   message's fields as a table: transaction_id, body, and keys, tags, properties when it has them: the topic
+--   stream entry holds the fields a consumer in any language reads, README), half_id, source, remark, op_maxlen.
+-- Defines: committed_id (the topic stream entry's id, '' for ROLLBACK), op_id (the op record's id).
+-- Returns from the script (or the function it is inlined in), having written nothing, {'ERR', 'WRONGTYPE' |
+-- 'REFUSED', detail} when the topic stream refuses the message (the topic key holds another type, or the server is
+-- out of memory), and the READONLY error itself on a replica (a demoted master: the client takes it for a lost
+-- connection and sends again to the master).
+-- Commands: XADD to the topic stream on COMMIT, XADD to the op stream.
+local committed_id = ''
+if outcome == 'COMMIT' then
+  local fields = {'transaction_id', half['transaction_id'], 'body', half['body']}
+  if half['keys'] then fields[#fields + 1] = 'keys'; fields[#fields + 1] = half['keys'] end
+  if half['tags'] then fields[#fields + 1] = 'tags'; fields[#fields + 1] = half['tags'] end
+  if half['properties'] then fields[#fields + 1] = 'properties'; fields[#fields + 1] = half['properties'] end
+  committed_id = redis.pcall('XADD', topic_stream, '*', unpack(fields))
+  if type(committed_id) == 'table' then
+    local err = tostring(committed_id['err'])
+    if string.find(err, '^READONLY') then
+      return redis.error_reply(err)  -- a demoted master: the client's connection error, it reconnects and resends
+    end
+    if string.find(err, 'WRONGTYPE', 1, true) then
+      return {'ERR', 'WRONGTYPE', 'the topic key ' .. topic_stream .. ' holds another type than a stream'}
+    end
+    return {'ERR', 'REFUSED', 'the topic stream refused the message: ' .. err}
+  end
+end
+local op_id = redis.call('XADD', op_stream, 'MAXLEN', '~', op_maxlen, '*',
+  'transaction_id', txid, 'outcome', outcome, 'half_id', half_id, 'committed_id', committed_id,
+  'source', source, 'remark', remark)

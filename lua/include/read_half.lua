@@ -1,0 +1,34 @@
+-- fragment read_half: an end's half message read and matched to the end (its id as expected, its transaction and
+-- group the end's), and an UNKNOWN outcome's remark recorded (UNKNOWN ends nothing). Inlined by the loader
+-- (lua/README.md) into: include/end_one.lua (end_transaction.lua) and end_transactions.lua.
+-- Expects in scope: the topic keys (topic_keys.lua); txid, group, outcome, remark, expected_half (end_args.lua);
+--   half_id  the transaction's half message id (in flight).
+-- Defines: half, the half message's fields as a table.
+-- Returns from the script (or the function it is inlined in) BADARG, CORRUPT, GROUP_MISMATCH, or UNKNOWN's reply.
+-- Commands: XRANGE (HSET of the remark for an UNKNOWN with one).
+if expected_half ~= '' and expected_half ~= half_id then
+  return {'ERR', 'BADARG', 'the transaction has half message ' .. half_id .. ', not ' .. expected_half}
+end
+
+local entries = redis.call('XRANGE', half_stream, half_id, half_id)
+if #entries == 0 then
+  return {'ERR', 'CORRUPT', 'half message ' .. half_id .. ' is indexed but missing from the half stream'}
+end
+local flat = entries[1][2]
+local half = {}
+for i = 1, #flat, 2 do
+  half[flat[i]] = flat[i + 1]
+end
+if half['transaction_id'] ~= txid then
+  return {'ERR', 'CORRUPT', 'half message ' .. half_id .. ' belongs to transaction ' .. tostring(half['transaction_id'])}
+end
+if half['producer_group'] ~= group then
+  return {'ERR', 'GROUP_MISMATCH', 'the half message belongs to producer group ' .. tostring(half['producer_group'])}
+end
+
+if outcome == 'UNKNOWN' then
+  if remark ~= '' then
+    redis.call('HSET', remarks, txid, remark)
+  end
+  return {'OK', 'PREPARED', half_id, '', 'RECORDED', ''}
+end
