@@ -23,8 +23,9 @@
 -- each once. An end that fails part-way has written what end_transaction would have written before failing
 -- (scripts do not roll back; the writes after the ends carry what the failed end had written up to its failure):
 -- out of memory refuses its first write, so nothing; a companion key of another type (written over by another
--- tool) fails a write after the topic entry, which is then published and the transaction left in flight, so a
--- repeat publishes it again (as end_transaction does; ruling it out would cost a TYPE per key).
+-- tool) fails a write after the topic entry: the op stream's, and that end is published and left in flight, so a
+-- repeat publishes it again (as end_transaction does; ruling it out would cost a TYPE per key); `ended`, `ended_at`
+-- or `remarks`, written after the ends, and the ends are published and retired but not remembered (see the end).
 -- A remembered outcome forgotten by the sweep of one end (expire_ended, one end in ten) is forgotten for the ends
 -- after it too; the outcomes remembered by this call are written after its ends, so a dedupe window shorter than
 -- the call (under a millisecond) does not forget them within it.
@@ -104,18 +105,23 @@ end
 
 --#include each_call
 
-if #ended_fields > 0 then
-  redis.call('HSET', ended, unpack(ended_fields))
-  redis.call('ZADD', ended_at, unpack(ended_times))
-end
+-- The index writes after the ends, the retirement first: once its half message is retired an end is not applied
+-- again. A companion key of another type (written over by another tool) refuses its write and the others are
+-- still made: an end whose outcome could not be remembered (`ended`, `ended_at`) is still published once and
+-- retired, and answered as applied; a repeat of it finds it no longer in flight (NOT_FOUND, or the refusal of
+-- `ended`) instead of publishing it a second time.
 if #retired > 0 then
-  redis.call('XDEL', half_stream, unpack(half_ids))
-  redis.call('HDEL', inflight, unpack(retired))
+  redis.pcall('XDEL', half_stream, unpack(half_ids))
+  redis.pcall('HDEL', inflight, unpack(retired))
 end
 if #unchecked_retired > 0 then
-  redis.call('ZREM', unchecked, unpack(unchecked_retired))
+  redis.pcall('ZREM', unchecked, unpack(unchecked_retired))
+end
+if #ended_fields > 0 then
+  redis.pcall('HSET', ended, unpack(ended_fields))
+  redis.pcall('ZADD', ended_at, unpack(ended_times))
 end
 if #remarks_dropped > 0 then
-  redis.call('HDEL', remarks, unpack(remarks_dropped))
+  redis.pcall('HDEL', remarks, unpack(remarks_dropped))
 end
 return replies

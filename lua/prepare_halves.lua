@@ -53,6 +53,7 @@ end
 local time, has_unchecked = nil, nil
 -- what the call writes after its prepares: the half messages indexed
 local inflight_fields, unchecked_members = {}, {}
+local inflight_calls, unchecked_calls = {}, {}
 
 local function call_one(at)
   --#include prepare_args
@@ -79,6 +80,7 @@ local function call_one(at)
   half_of[txid] = half_id
   inflight_fields[#inflight_fields + 1] = txid
   inflight_fields[#inflight_fields + 1] = half_id
+  inflight_calls[#inflight_calls + 1] = (at - 1) / width + 1
   local wake = born_ms
   if immunity_ms then
     redis.call('ZADD', due, string.format('%d', tonumber(born_ms) + immunity_ms), txid)
@@ -91,6 +93,7 @@ local function call_one(at)
     end
     unchecked_members[#unchecked_members + 1] = born_ms
     unchecked_members[#unchecked_members + 1] = txid
+    unchecked_calls[#unchecked_calls + 1] = (at - 1) / width + 1
     has_unchecked = true
   end
   if wake ~= '' and schedule then
@@ -102,10 +105,23 @@ end
 
 --#include each_call
 
+-- The index writes after the prepares. A key of another type (written over by another tool) refuses its write, as
+-- it would refuse each prepare's: the prepares whose write it was get that error as their reply, the others keep
+-- theirs (a prepare with its own immunity, indexed in `due`, is not concerned by `unchecked`).
 if #inflight_fields > 0 then
-  redis.call('HSET', inflight, unpack(inflight_fields))
+  local refused = redis.pcall('HSET', inflight, unpack(inflight_fields))
+  if type(refused) == 'table' and refused['err'] then
+    for _, index in ipairs(inflight_calls) do
+      replies[index] = refused
+    end
+  end
 end
 if #unchecked_members > 0 then
-  redis.call('ZADD', unchecked, unpack(unchecked_members))
+  local refused = redis.pcall('ZADD', unchecked, unpack(unchecked_members))
+  if type(refused) == 'table' and refused['err'] then
+    for _, index in ipairs(unchecked_calls) do
+      replies[index] = refused
+    end
+  end
 end
 return replies

@@ -57,6 +57,7 @@ TRANSACTION_COMMANDS = (
     "zrange",
     "zrangebyscore",
     "zscore",
+    "zmscore",
     "zremrangebyscore",
     "xadd",
     "xlen",

@@ -113,7 +113,8 @@ def run_scripts(
     )
     refused = {id(script): reply for script, reply in zip(scripts, again, strict=False) if isinstance(reply, Exception)}
     for i, reply in zip(missing, again[len(loads) :], strict=True):
-        replies[i] = refused.get(id(calls[i][0]), reply)  # a refused load (an ACL) says more than its NOSCRIPT
+        # a refused load (an ACL) says more than the NOSCRIPT that follows it; a call that ran keeps its reply
+        replies[i] = refused.get(id(calls[i][0]), reply) if isinstance(reply, NoScriptError) else reply
     # NOSCRIPT ran nothing: the calls it refused ran in the second write, whose confirmation covers them and
     # follows the first write's on the same connection
     return replies, (confirmed_again if confirmation is not None else None)

@@ -3,10 +3,12 @@ those users can do no more than their part: a wrong key or command is refused (N
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import redis
@@ -125,6 +127,41 @@ def test_each_part_works_with_its_least_privilege_user(users: dict[str, str], re
     writer.option("topic", "payments").save()
     payments = [f[b"body"] for s in ("payments#0", "payments#1") for _, f in real_client.xrange(s)]
     assert payments.count(b"from spark") == 1 and real_client.zcard("txmq:jobs") == 0
+
+
+def test_an_asyncio_producers_batched_prepares_and_ends_work_with_its_least_privilege_user(
+    users: dict[str, str], real_client: redis.Redis
+) -> None:
+    """Sends in flight together go out as one call of prepare_halves / end_transactions (the asyncio lane): every
+    command those scripts run is in the producer's rules, or the whole call is refused (NOPERM)."""
+    from redis_txmq.asyncio import TransactionListener as AsyncListener
+    from redis_txmq.asyncio import TransactionProducer as AsyncProducer
+
+    from .test_lane_batch import watch_batches
+
+    class Listener(AsyncListener):
+        async def execute_local_transaction(self, message: Message, arg: LocalTransactionState) -> Any:
+            return arg
+
+        async def check_local_transaction(self, message: Message) -> Any:
+            return COMMIT
+
+    async def scenario() -> tuple[list[Any], list[tuple[str, int]], list[tuple[str, int]]]:
+        settings = replace(FAST, redis_url=users["producer"], transaction_timeout=60)
+        async with AsyncProducer(GROUP, Listener(), settings=settings) as producer:
+            lane = producer.broker.runner._lane
+            prepares, ends = watch_batches(lane, "prepares"), watch_batches(lane, "ends")
+            sends = [
+                producer.send_message_in_transaction(Message("orders", b"%d" % i), COMMIT if i % 4 else ROLLBACK)
+                for i in range(32)
+            ]
+            return await asyncio.gather(*sends), prepares, ends
+
+    results, prepares, ends = asyncio.run(scenario())
+    assert max(calls for _, calls in prepares) > 1 and max(calls for _, calls in ends) > 1, "sent in batches"
+    assert not [r.end_error for r in results if r.end_error]
+    assert real_client.xlen(TopicKeys("orders").topic_stream) == 24
+    assert real_client.hlen(TopicKeys("orders").inflight) == 0
 
 
 def test_the_users_can_do_no_more_than_their_part(users: dict[str, str]) -> None:

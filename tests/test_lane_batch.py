@@ -226,6 +226,42 @@ def test_a_command_failing_inside_one_end_fails_that_end_only(real_client, redis
     assert committed == [t[0], *t[2:]]
 
 
+def test_a_remembered_outcome_refused_after_the_ends_leaves_them_published_once_and_retired(real_client):
+    """`ended` holds another type (written over by another tool): the batch's write of the remembered outcomes,
+    made after its ends, is refused. The ends are still retired, so each is published once: a repeat finds it no
+    longer in flight (and is refused reading `ended`) instead of publishing it again, as it would if the batch
+    stopped at the refused write."""
+    keys = TopicKeys("orders")
+    prepare = register_topic_script(real_client, "prepare_half")
+    ends = register_topic_script(real_client, "end_transactions")
+    for txid in ("a", "b"):
+        prepare(keys=keys.script_keys(), args=[txid, GROUP, "orders", "0", txid.encode(), "", "", "", ""])
+    real_client.set(keys.ended, "not a hash")
+    args = [8, "a", GROUP, "COMMIT", "producer", "", 0, 1000, ""]  # a not remembered (window 0), b remembered
+    args += ["b", GROUP, "COMMIT", "producer", "", 60_000, 1000, ""]
+    first = ends(keys=keys.script_keys(), args=args)
+    assert [reply[4] for reply in first] == [b"APPLIED", b"APPLIED"]
+    again = ends(keys=keys.script_keys(), args=args)
+    assert all(isinstance(reply, redis.ResponseError) and "WRONGTYPE" in str(reply) for reply in again)
+    assert [fields[b"body"] for _, fields in real_client.xrange(keys.topic_stream)] == [b"a", b"b"]
+    assert real_client.hlen(keys.inflight) == 0 and real_client.xlen(keys.half_stream) == 0
+
+
+def test_an_index_write_refused_after_the_prepares_fails_the_prepares_it_was_for(real_client):
+    """`unchecked` holds another type: the batch's write into it, made after its prepares, is refused; the prepares
+    that were to be indexed there get that error (as each would alone), and one with its own immunity (indexed in
+    `due`) keeps its reply, and its wake."""
+    keys = TopicKeys("orders")
+    prepares = register_topic_script(real_client, "prepare_halves")
+    real_client.set(keys.unchecked, "not a sorted set")
+    args: list[Any] = [9, "a", GROUP, "orders", "0", b"a", "", "", "", "5000", "b", GROUP, "orders", "0", b"b"]
+    args += ["", "", "", ""]
+    immune, plain = prepares(keys=keys.script_keys(), args=args)
+    assert immune[0] == b"OK" and immune[3] == b"NEW" and immune[4] != b"", "its wake, for the caller to write"
+    assert isinstance(plain, redis.ResponseError) and "WRONGTYPE" in str(plain)
+    assert real_client.zrange(keys.due, 0, -1) == [b"a"]
+
+
 def test_scripts_flushed_between_batches_are_loaded_again(real_client, redis_url):
     keys = TopicKeys("orders")
 
