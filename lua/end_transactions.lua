@@ -54,6 +54,35 @@ do
     unchecked_of[txids[i]] = born[i] ~= false
   end
 end
+-- The half messages of the ends in flight, in one XRANGE from the lowest id to the highest when they lie close
+-- together (the common case: sends in flight together were prepared together), read ahead: at most twice as many
+-- entries as there are ends, so that a call among many older transactions in flight reads no more than that; an
+-- end whose half message was not among them reads it itself (read_half.lua). Half messages do not change, and the
+-- call deletes its ends' after them.
+local read_ahead = {}
+do
+  local low, high, low_ms, low_seq, high_ms, high_seq
+  for i = 1, #txids do
+    local id = half_of[txids[i]]
+    if id then
+      local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+      ms, seq = tonumber(ms), tonumber(seq)
+      if ms and seq then  -- else not an entry id (the index written over): its end reads it, and fails, alone
+        if not low or ms < low_ms or (ms == low_ms and seq < low_seq) then
+          low, low_ms, low_seq = id, ms, seq
+        end
+        if not high or ms > high_ms or (ms == high_ms and seq > high_seq) then
+          high, high_ms, high_seq = id, ms, seq
+        end
+      end
+    end
+  end
+  if low then
+    for _, entry in ipairs(redis.call('XRANGE', half_stream, low, high, 'COUNT', 2 * #txids)) do
+      read_ahead[entry[1]] = entry[2]
+    end
+  end
+end
 -- what the call writes after its ends: the outcomes remembered, the transactions retired
 local ended_fields, ended_times, half_ids, retired, unchecked_retired, remarks_dropped = {}, {}, {}, {}, {}, {}
 

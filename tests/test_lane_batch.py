@@ -350,9 +350,10 @@ def test_an_error_of_the_whole_batch_call_is_each_of_its_ends_error() -> None:
     assert all(isinstance(r, redis.ResponseError) and "2 calls" in str(r) for r in replies[5:])
 
 
-def test_a_batch_of_ends_makes_three_commands_per_end_and_the_index_writes_once(real_client) -> None:
-    """The common path of a batch of ends: each end reads its half message and writes its topic entry and op record;
-    the indexes are read once (HMGET, ZMSCORE) and written once (HSET, ZADD, XDEL, HDEL, ZREM) for the call."""
+def test_a_batch_of_ends_makes_two_commands_per_end_and_the_index_reads_and_writes_once(real_client) -> None:
+    """The common path of a batch of ends: each end writes its topic entry and op record; the indexes are read once
+    (HMGET, ZMSCORE), the half messages prepared together read ahead in one XRANGE, and the indexes written once
+    (HSET, ZADD, XDEL, HDEL, ZREM) for the call."""
     keys = TopicKeys("orders")
     prepare = register_topic_script(real_client, "prepare_half")
     ends = register_topic_script(real_client, "end_transactions")
@@ -373,9 +374,38 @@ def test_a_batch_of_ends_makes_three_commands_per_end_and_the_index_writes_once(
     }
     # the sweep of expired outcomes (ZRANGEBYSCORE, XTRIM) runs in the ends whose time ends in 0 ms
     assert calls.pop("zrangebyscore", 0) == calls.pop("xtrim", 0)
-    per_end = {"xrange": 1, "xadd": 2}
-    once = {"hmget": 1, "zmscore": 1, "hset": 1, "zadd": 1, "xdel": 1, "hdel": 1, "zrem": 1}
+    per_end = {"xadd": 2}
+    once = {"hmget": 1, "zmscore": 1, "xrange": 1, "hset": 1, "zadd": 1, "xdel": 1, "hdel": 1, "zrem": 1}
     assert calls == {name: 19 * per_end.get(name, 0) + once.get(name, 0) for name in per_end | once}
+
+
+def test_half_messages_far_apart_are_read_by_their_own_ends(real_client) -> None:
+    """The read ahead covers at most twice as many half messages as the call has ends, from its lowest half id: an
+    end whose half message lies beyond (many other transactions in flight in between) reads it itself; one whose
+    half message is missing from the stream is CORRUPT, and one whose index holds no entry id fails, as alone."""
+    keys = TopicKeys("orders")
+    prepare = register_topic_script(real_client, "prepare_half")
+    ends = register_topic_script(real_client, "end_transactions")
+    ids = [f"far-{i}" for i in range(12)]
+    for txid in ids:
+        prepare(keys=keys.script_keys(), args=[txid, GROUP, "orders", "0", txid.encode(), "", "", "", ""])
+    missing = real_client.hget(keys.inflight, ids[5])
+    real_client.xdel(keys.half_stream, missing)
+    real_client.hset(keys.inflight, ids[6], "not an entry id")
+    args: list[Any] = [8]
+    for txid in (ids[0], ids[11], ids[5], ids[1], ids[6]):
+        args += [txid, GROUP, "COMMIT", "producer", "", 60_000, 1000, ""]
+    ends(keys=keys.script_keys(), args=[8, "load", GROUP, "COMMIT", "producer", "", 60_000, 1000, ""])
+    real_client.config_resetstat()
+    first, last, corrupt, second, garbled = ends(keys=keys.script_keys(), args=args)
+    assert [first[4], last[4], second[4]] == [b"APPLIED"] * 3
+    assert corrupt[:2] == [b"ERR", b"CORRUPT"]
+    assert isinstance(garbled, redis.ResponseError) and "Invalid stream ID" in str(garbled)
+    # one read ahead (from id 0, ten entries at most: 0 .. 10 without the deleted 5), then the two beyond it read
+    # alone, and the garbled one's XRANGE refused
+    assert real_client.info("commandstats")["cmdstat_xrange"]["calls"] == 4
+    bodies = [fields[b"body"] for _, fields in real_client.xrange(keys.topic_stream)]
+    assert bodies == [b"far-0", b"far-11", b"far-1"]
 
 
 # --- prepares: lua/prepare_halves.lua ------------------------------------------------------------------------------

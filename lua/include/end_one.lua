@@ -18,6 +18,7 @@ if not half_id then
   local prior = redis.call('HGET', ended, txid)
   --#include end_not_in_flight
 end
+local read_ahead = {}
 --#include read_half
 
 -- Outcome first, retire after: a write that fails part-way must not lose the half message. apply_outcome returns

@@ -2,19 +2,23 @@
 -- group the end's), and an UNKNOWN outcome's remark recorded (UNKNOWN ends nothing). Inlined by the loader
 -- (lua/README.md) into: include/end_one.lua (end_transaction.lua) and end_transactions.lua.
 -- Expects in scope: the topic keys (topic_keys.lua); txid, group, outcome, remark, expected_half (end_args.lua);
---   half_id  the transaction's half message id (in flight).
+--   half_id     the transaction's half message id (in flight);
+--   read_ahead  half message id -> its fields (flat), of those the caller read already (an empty table for none).
 -- Defines: half, the half message's fields as a table.
 -- Returns from the script (or the function it is inlined in) BADARG, CORRUPT, GROUP_MISMATCH, or UNKNOWN's reply.
--- Commands: XRANGE (HSET of the remark for an UNKNOWN with one).
+-- Commands: XRANGE, unless read ahead (HSET of the remark for an UNKNOWN with one).
 if expected_half ~= '' and expected_half ~= half_id then
   return {'ERR', 'BADARG', 'the transaction has half message ' .. half_id .. ', not ' .. expected_half}
 end
 
-local entries = redis.call('XRANGE', half_stream, half_id, half_id)
-if #entries == 0 then
-  return {'ERR', 'CORRUPT', 'half message ' .. half_id .. ' is indexed but missing from the half stream'}
+local flat = read_ahead[half_id]
+if not flat then
+  local entries = redis.call('XRANGE', half_stream, half_id, half_id)
+  if #entries == 0 then
+    return {'ERR', 'CORRUPT', 'half message ' .. half_id .. ' is indexed but missing from the half stream'}
+  end
+  flat = entries[1][2]
 end
-local flat = entries[1][2]
 local half = {}
 for i = 1, #flat, 2 do
   half[flat[i]] = flat[i + 1]
