@@ -10,13 +10,14 @@
 --        redis.call refused, e.g. out of memory); the ends before and after it still run. An error reply for the
 --        whole call for a malformed ARGV, and when the server is a replica (READONLY, MASTERDOWN: each_call.lua).
 -- Cost: the indexes are read and written once per call, not once per end. Before the ends, one HMGET of
--- `inflight` and one ZMSCORE of `unchecked` (which transactions are in flight, which were never checked); after
+-- `inflight` and one ZMSCORE of `unchecked` (which transactions are in flight, which were never checked) and one
+-- XRANGE reading their half messages ahead (below); after
 -- them, one HSET of `ended`, ZADD of `ended_at`, XDEL of the half messages, HDEL of `inflight`, ZREM of `unchecked`
 -- (and HDEL of `remarks`) for all the ends applied. In between, each end reads and updates local tables standing for
 -- those keys (`half_of`, `unchecked_of`, `ended_of`), so an end sees every end before it in the call exactly as
 -- the second of two end_transaction calls sees the first: a transaction ended twice in one call is applied once
 -- and answered DUPLICATE (or CONFLICT) the second time. What an end still does itself on the common path (a COMMIT
--- of a never-checked transaction): XRANGE of its half message, XADD to the topic stream, XADD of the op record.
+-- of a never-checked transaction): XADD to the topic stream, XADD of the op record.
 -- The rest of the rules are end_one.lua's, line for line; tests/test_batch_equivalence.py runs random calls through
 -- this script and through end_transaction one by one and compares the replies and every key.
 -- Every end is idempotent, so a batch sent twice (after a connection error) or holding the same end twice applies
