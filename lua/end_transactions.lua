@@ -26,12 +26,15 @@
 -- out of memory refuses its first write, so nothing; a companion key of another type (written over by another
 -- tool) fails a write after the topic entry: the op stream's, and that end is published and left in flight, so a
 -- repeat publishes it again (as end_transaction does; ruling it out would cost a TYPE per key); `ended`, `ended_at`
--- or `remarks`, written after the ends, and the ends are published and retired but not remembered (see the end).
--- A remembered outcome forgotten by the sweep of one end (expire_ended, one end in ten) is forgotten for the ends
--- after it too; the outcomes remembered by this call are written after its ends, so a dedupe window shorter than
--- the call (under a millisecond) does not forget them within it.
--- No helper functions but one: the end runs in a function, made once per call (not per end), so that each of its
--- `return`s ends that end only, and pcall keeps a failed command to that end's reply.
+-- or `remarks`, written after the ends, and the ends are published and retired but not remembered (see the end);
+-- `ended`, `ended_at` or `remarks` refusing the sweep of expired outcomes, made last, leaves the ends applied.
+-- The sweep of remembered outcomes past the dedupe window (expire_ended) that an end whose time ends in 0 ms makes
+-- in end_transaction is made once, after the ends: an outcome it forgets is remembered for every end of the call
+-- (a repeat inside the call is a DUPLICATE, where end_transaction would have forgotten it after the sweep: only
+-- for an outcome ending its window within the call's millisecond).
+-- No helper functions but two: the end runs in a function, made once per call (not per end), so that each of its
+-- `return`s ends that end only, and pcall keeps a failed command to that end's reply; the sweep runs in one, when
+-- an end asked for it, so that pcall keeps its failure from the ends.
 
 local width = tonumber(ARGV[1])
 if not width or width < 8 or width % 1 ~= 0 or (#ARGV - 1) % width ~= 0 or (#ARGV - 1) / width > 2000 then
@@ -59,7 +62,8 @@ end
 -- together (the common case: sends in flight together were prepared together), read ahead: at most twice as many
 -- entries as there are ends, so that a call among many older transactions in flight reads no more than that; an
 -- end whose half message was not among them reads it itself (read_half.lua). Half messages do not change, and the
--- call deletes its ends' after them.
+-- call deletes its ends' after them. Memory: up to twice the bodies of the call's ends at once (a call of prepares
+-- carries its bodies in its arguments).
 local read_ahead = {}
 do
   local low, high, low_ms, low_seq, high_ms, high_seq
@@ -78,14 +82,18 @@ do
       end
     end
   end
-  if low then
-    for _, entry in ipairs(redis.call('XRANGE', half_stream, low, high, 'COUNT', 2 * #txids)) do
+  -- refused (an id the server does not take, a half stream of another type): each end reads its own, as alone
+  local entries = low and redis.pcall('XRANGE', half_stream, low, high, 'COUNT', 2 * #txids)
+  if entries and not entries['err'] then
+    for _, entry in ipairs(entries) do
       read_ahead[entry[1]] = entry[2]
     end
   end
 end
--- what the call writes after its ends: the outcomes remembered, the transactions retired
+-- what the call writes after its ends: the outcomes remembered, the transactions retired, and the sweep of
+-- outcomes past the window that an end asked for (as end_transaction does one end in ten)
 local ended_fields, ended_times, half_ids, retired, unchecked_retired, remarks_dropped = {}, {}, {}, {}, {}, {}
+local sweep_now, sweep_window_ms = nil, nil
 
 local function call_one(at)
   --#include end_args
@@ -112,8 +120,7 @@ local function call_one(at)
     ended_times[#ended_times + 1] = now
     ended_times[#ended_times + 1] = txid
     if string.byte(now, -1) == 48 then
-      local limit = 256
-      --#include expire_ended
+      sweep_now, sweep_window_ms = now, window_ms
     end
   end
 
@@ -153,5 +160,13 @@ if #ended_fields > 0 then
 end
 if #remarks_dropped > 0 then
   redis.pcall('HDEL', remarks, unpack(remarks_dropped))
+end
+-- The sweep last, once, with the time and window of the last end that asked for it; under pcall: a companion key
+-- of another type refuses it without touching the ends, which are retired already.
+if sweep_now then
+  pcall(function()
+    local now, window_ms, limit = sweep_now, sweep_window_ms, 256
+    --#include expire_ended
+  end)
 end
 return replies

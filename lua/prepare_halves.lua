@@ -39,15 +39,23 @@ local txids = {}
 for at = 1, #ARGV - 1, width do
   txids[#txids + 1] = ARGV[at + 1]
 end
-local half_of, ended_of, dead_of = {}, {}, {}
+-- `ended` or `dead_index` refusing its HMGET (another type, written over by another tool): each prepare that is not
+-- a repeat of one in flight reads it itself, and fails, as alone
+local half_of, ended_of, dead_of = {}, nil, nil
 do
   local in_flight = redis.call('HMGET', inflight, unpack(txids))
-  local prior = redis.call('HMGET', ended, unpack(txids))
-  local dead = redis.call('HMGET', dead_index, unpack(txids))
+  local prior = redis.pcall('HMGET', ended, unpack(txids))
+  local dead = redis.pcall('HMGET', dead_index, unpack(txids))
+  ended_of = not prior['err'] and {} or nil
+  dead_of = not dead['err'] and {} or nil
   for i = 1, #txids do
     half_of[txids[i]] = in_flight[i]
-    ended_of[txids[i]] = prior[i]
-    dead_of[txids[i]] = dead[i] ~= false
+    if ended_of then
+      ended_of[txids[i]] = prior[i]
+    end
+    if dead_of then
+      dead_of[txids[i]] = dead[i] ~= false
+    end
   end
 end
 local time, has_unchecked = nil, nil
@@ -62,12 +70,17 @@ local function call_one(at)
   if half_id then
     return {'OK', half_id, 'PREPARED', 'DUPLICATE'}
   end
-  local prior = ended_of[txid]
+  local prior
+  if ended_of then
+    prior = ended_of[txid]
+  else
+    prior = redis.call('HGET', ended, txid)
+  end
   if prior then
     local state, _, prior_half = string.match(prior, '^([^|]+)|([^|]+)|([^|]+)')
     return {'OK', prior_half, state, 'DUPLICATE'}
   end
-  if dead_of[txid] then
+  if (dead_of and dead_of[txid]) or (not dead_of and redis.call('HEXISTS', dead_index, txid) == 1) then
     return {'OK', '', 'DEAD', 'DUPLICATE'}
   end
 

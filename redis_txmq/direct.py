@@ -40,10 +40,10 @@ from redis.exceptions import (
 from redis.sentinel import SentinelConnectionPool
 
 from . import wire
+from .batching import ScriptCall, batch_scripts, coalesce, spread
 from .connection import REDIRECTIONS, hiredis_packer
 from .durability import Durability
 from .errors import DurabilityError
-from .wire import ScriptCall
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class ScriptRunner:
         # asks the Sentinels for the master: without this it would dial the default localhost:6379
         self._connect_first = self._direct and isinstance(pool, SentinelConnectionPool)
         self._pack = hiredis_packer(pool.connection_kwargs) if self._direct else None
+        # prepares, or ends, of one topic partition in one write go as one call of their batch script
+        self._batched = batch_scripts(client) if self._direct else {}
         self._idle: list[Any] = []
         self._pid = os.getpid()
         self._closed = False
@@ -112,16 +114,20 @@ class ScriptRunner:
         return self._run_direct(calls, raise_on_error)
 
     def _run_direct(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
-        """On the runner's own connection: one write, every reply read (:func:`redis_txmq.wire.run_scripts`)."""
+        """On the runner's own connection: one write, every reply read (:func:`redis_txmq.wire.run_scripts`); the
+        prepares, or ends, of one topic partition as one call of their batch script (:mod:`redis_txmq.batching`)."""
+        written, spans = coalesce(calls, self._batched)
         conn = self._acquire()
         healthy = False
         try:
             replies, confirmation = wire.run_scripts(
-                conn, calls, pack=self._pack, durability=self.durability, connect_first=self._connect_first
+                conn, written, pack=self._pack, durability=self.durability, connect_first=self._connect_first
             )
             healthy = True
         finally:
             self._release(conn, healthy)
+        if spans is not None:
+            replies = spread(replies, spans, len(calls))
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, redis.ResponseError):

@@ -20,12 +20,11 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
+from .batching import ScriptCall
 from .connection import pack_commands
 from .durability import Durability
 
 Packer = Callable[[tuple[Any, ...]], bytes] | None
-ScriptCall = tuple[Any, Sequence[Any], Sequence[Any]]
-"""``(script, keys, args)``: a redis-py script object (sync or asyncio), its KEYS and ARGV."""
 
 
 def exchange(

@@ -8,6 +8,8 @@ import redis
 
 from redis_txmq import wire
 from redis_txmq.direct import ScriptRunner
+from redis_txmq.keys import TopicKeys
+from redis_txmq.scripts import register_topic_script
 
 ECHO_OR_FAIL = """
 if ARGV[1] == 'fail' then return redis.error_reply('ERR refused ' .. KEYS[1]) end
@@ -112,3 +114,45 @@ def test_close_releases_the_runners_connections(real_client, redis_url):
     runner.close()
     assert len(real_client.client_list()) == before
     client.close()
+
+
+def test_prepares_and_ends_of_one_partition_in_one_write_go_as_one_batch_call(real_client, redis_url):
+    """The sync runner's writes of many calls (a one-way producer's flusher, a checker's answers, the messages of a
+    transaction of several) send the prepares, and the ends, of one topic partition as one call of their batch
+    script (lua/prepare_halves.lua, lua/end_transactions.lua); each call still gets its own reply, or its error."""
+    client = redis.Redis.from_url(redis_url)
+    runner = ScriptRunner(client)
+    prepare = register_topic_script(client, "prepare_half")
+    end = register_topic_script(client, "end_transaction")
+    topics = (TopicKeys("orders"), TopicKeys("audit"))
+    for name in ("prepare_half", "prepare_halves", "end_transactions"):  # loaded: the counts are of calls that ran
+        real_client.script_load(register_topic_script(client, name).script)
+    try:
+        prepares = [
+            (prepare, keys.script_keys(), [f"{keys.topic}-{i}", "g", keys.topic, "0", b"x", "", "", "", ""])
+            for keys in topics
+            for i in range(3)
+        ]
+        real_client.config_resetstat()
+        prepared = runner.run_many(prepares)
+        assert [reply[3] for reply in prepared] == [b"NEW"] * 6
+        assert real_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 2, "one call per partition"
+        ends = [
+            (end, keys.script_keys(), [f"{keys.topic}-{i}", "g", "COMMIT", "producer", "", 60_000, 1000, ""])
+            for keys in topics
+            for i in range(3)
+        ]
+        ends.append((end, topics[0].script_keys(), ["orders-0", "g", "ROLLBACK", "producer", "", 60_000, 1000, ""]))
+        ends.append((prepare, topics[1].script_keys(), ["", "g", "audit", "0", b"x", "", "", "", ""]))
+        real_client.config_resetstat()
+        replies = runner.run_many(ends)
+        assert real_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 3, "two batches, one prepare alone"
+        assert [reply[4] for reply in replies[:6]] == [b"APPLIED"] * 6
+        assert replies[6][:2] == [b"ERR", b"CONFLICT"] and replies[7][:2] == [b"ERR", b"BADARG"]
+        for keys in topics:
+            bodies = [fields[b"transaction_id"] for _, fields in real_client.xrange(keys.topic_stream)]
+            assert bodies == [f"{keys.topic}-{i}".encode() for i in range(3)]
+            assert real_client.hlen(keys.inflight) == 0
+    finally:
+        runner.close()
+        client.close()

@@ -18,7 +18,8 @@ import redis.asyncio
 from redis_txmq import LocalTransactionState, Message
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
 from redis_txmq.asyncio.broker import AsyncRedisBroker
-from redis_txmq.asyncio.lane import MAX_ENDS_PER_CALL, MAX_PREPARES_PER_CALL, ScriptLane, _spread
+from redis_txmq.asyncio.lane import MAX_ENDS_PER_CALL, MAX_PREPARES_PER_CALL, ScriptLane
+from redis_txmq.batching import spread
 from redis_txmq.broker import RedisBroker
 from redis_txmq.durability import Durability
 from redis_txmq.errors import CorruptEntryError, DurabilityError, PrepareError, TransactionConflictError, TxMQError
@@ -50,7 +51,7 @@ def watch_batches(lane: ScriptLane, kind: str = "ends") -> list[tuple[str, int]]
     ("prepares") call the lane writes from now on."""
     seen: list[tuple[str, int]] = []
     coalesce = lane._coalesce
-    many = lane._ends if kind == "ends" else lane._prepares
+    (many,) = (lane._end_batches if kind == "ends" else lane._prepare_batches).values()
 
     def watching(batch: Any) -> Any:
         calls, spans = coalesce(batch)
@@ -247,6 +248,19 @@ def test_a_remembered_outcome_refused_after_the_ends_leaves_them_published_once_
     assert real_client.hlen(keys.inflight) == 0 and real_client.xlen(keys.half_stream) == 0
 
 
+def test_remembered_outcomes_of_another_type_fail_only_the_prepares_that_read_them(real_client):
+    """`ended` holds another type: a repeat of a prepare in flight is still a DUPLICATE, and a new prepare fails
+    reading `ended`, as each would alone (the call's one read of `ended` is refused without failing the call)."""
+    keys = TopicKeys("orders")
+    prepares = register_topic_script(real_client, "prepare_halves")
+    first = prepares(keys=keys.script_keys(), args=[9, "a", GROUP, "orders", "0", b"a", "", "", "", ""])
+    real_client.set(keys.ended, "not a hash")
+    args: list[Any] = [9, "a", GROUP, "orders", "0", b"a", "", "", "", "", "b", GROUP, "orders", "0", b"b"]
+    again, new = prepares(keys=keys.script_keys(), args=[*args, "", "", "", ""])
+    assert again[1] == first[0][1] and again[3] == b"DUPLICATE"
+    assert isinstance(new, redis.ResponseError) and "WRONGTYPE" in str(new)
+
+
 def test_an_index_write_refused_after_the_prepares_fails_the_prepares_it_was_for(real_client):
     """`unchecked` holds another type: the batch's write into it, made after its prepares, is refused; the prepares
     that were to be indexed there get that error (as each would alone), and one with its own immunity (indexed in
@@ -344,7 +358,7 @@ def test_a_durability_shortfall_gives_each_caller_its_own_reply(real_client, red
 
 def test_an_error_of_the_whole_batch_call_is_each_of_its_ends_error() -> None:
     refused = redis.ResponseError("OOM command not allowed")
-    replies = _spread([b"prepared", refused, [b"one", b"two"], [b"short"]], [0, (1, 2), (3, 4), (5, 6)], 7)
+    replies = spread([b"prepared", refused, [b"one", b"two"], [b"short"]], [0, (1, 2), (3, 4), (5, 6)], 7)
     assert replies[0] == b"prepared" and replies[1] is refused and replies[2] is refused
     assert replies[3:5] == [b"one", b"two"]
     assert all(isinstance(r, redis.ResponseError) and "2 calls" in str(r) for r in replies[5:])
@@ -400,12 +414,66 @@ def test_half_messages_far_apart_are_read_by_their_own_ends(real_client) -> None
     first, last, corrupt, second, garbled = ends(keys=keys.script_keys(), args=args)
     assert [first[4], last[4], second[4]] == [b"APPLIED"] * 3
     assert corrupt[:2] == [b"ERR", b"CORRUPT"]
-    assert isinstance(garbled, redis.ResponseError) and "Invalid stream ID" in str(garbled)
     # one read ahead (from id 0, ten entries at most: 0 .. 10 without the deleted 5), then the two beyond it read
     # alone, and the garbled one's XRANGE refused
     assert real_client.info("commandstats")["cmdstat_xrange"]["calls"] == 4
+    assert isinstance(garbled, redis.ResponseError) and "Invalid stream ID" in str(garbled)
     bodies = [fields[b"body"] for _, fields in real_client.xrange(keys.topic_stream)]
     assert bodies == [b"far-0", b"far-11", b"far-1"]
+    # an index shaped like an id that the server refuses: the read ahead is refused, and each end reads its own
+    real_client.hset(keys.inflight, ids[6], "1-18446744073709551616")
+    args = [8]
+    for txid in (ids[2], ids[10], ids[6]):
+        args += [txid, GROUP, "COMMIT", "producer", "", 60_000, 1000, ""]
+    first, last, garbled = ends(keys=keys.script_keys(), args=args)
+    assert [first[4], last[4]] == [b"APPLIED"] * 2
+    assert isinstance(garbled, redis.ResponseError) and "Invalid stream ID" in str(garbled)
+
+
+def test_a_half_stream_of_another_type_fails_only_the_ends_that_read_it(real_client) -> None:
+    """The read ahead is refused with the half stream (written over by another tool): a repeat of an applied end
+    and an end of an unknown transaction keep their replies, as alone."""
+    keys = TopicKeys("orders")
+    prepare = register_topic_script(real_client, "prepare_half")
+    ends = register_topic_script(real_client, "end_transactions")
+    for txid in ("done", "live"):
+        prepare(keys=keys.script_keys(), args=[txid, GROUP, "orders", "0", b"x", "", "", "", ""])
+    ends(keys=keys.script_keys(), args=[8, "done", GROUP, "COMMIT", "producer", "", 60_000, 1000, ""])
+    real_client.delete(keys.half_stream)
+    real_client.set(keys.half_stream, "not a stream")
+    args: list[Any] = [8]
+    for txid in ("done", "never", "live"):
+        args += [txid, GROUP, "COMMIT", "producer", "", 60_000, 1000, ""]
+    done, never, live = ends(keys=keys.script_keys(), args=args)
+    assert done[4] == b"DUPLICATE" and never[:2] == [b"ERR", b"NOT_FOUND"]
+    assert isinstance(live, redis.ResponseError) and "WRONGTYPE" in str(live)
+
+
+def test_a_refused_sweep_of_expired_outcomes_leaves_the_ends_applied_once(real_client) -> None:
+    """`ended` holds another type: the sweep of outcomes past the window (asked for by an end whose time ends in
+    0 ms) is refused. It runs after the ends are retired, so none stays in flight to be published again."""
+    keys = TopicKeys("orders")
+    prepares = register_topic_script(real_client, "prepare_halves")
+    ends = register_topic_script(real_client, "end_transactions")
+    swept, count = False, 0
+    while not swept and count < 5000:  # until an end's op record falls on a millisecond ending in 0
+        batch = [f"sweep-{count + i}" for i in range(4)]
+        count += len(batch)
+        args: list[Any] = [9]
+        for txid in batch:
+            args += [txid, GROUP, "orders", "0", txid.encode(), "", "", "", ""]
+        real_client.delete(keys.ended)
+        prepares(keys=keys.script_keys(), args=args)
+        real_client.set(keys.ended, "not a hash")
+        args = [8]
+        for txid in batch:
+            args += [txid, GROUP, "COMMIT", "producer", "", 1, 1000, ""]
+        assert all(reply[4] == b"APPLIED" for reply in ends(keys=keys.script_keys(), args=args))
+        swept = any(op_id.decode().split("-")[0].endswith("0") for op_id, _ in real_client.xrange(keys.op_stream))
+    assert swept
+    assert real_client.hlen(keys.inflight) == 0
+    bodies = [fields[b"body"] for _, fields in real_client.xrange(keys.topic_stream)]
+    assert len(bodies) == len(set(bodies)) == count
 
 
 # --- prepares: lua/prepare_halves.lua ------------------------------------------------------------------------------

@@ -41,23 +41,13 @@ import redis
 import redis.asyncio
 import redis.asyncio.sentinel
 
+from ..batching import MAX_PER_BATCH_CALL, ScriptCall, batch_scripts, coalesce, spread
 from ..connection import REDIRECTIONS, REDIS_ERRORS, connection_errors, hiredis_packer, is_async_cluster
 from ..durability import Durability
 from ..errors import DurabilityError
-from ..scripts import register_topic_script
-from .wire import ScriptCall, run_scripts
+from .wire import run_scripts
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
-_Span = int | tuple[int, ...]
-"""What a call on the wire carries: one queued call (its index in the batch), or the indices of the prepares or
-ends that one ``prepare_halves`` / ``end_transactions`` call carries."""
-PREPARE_SCRIPT = "prepare_half"
-PREPARES_SCRIPT = "prepare_halves"
-END_SCRIPT = "end_transaction"
-ENDS_SCRIPT = "end_transactions"
-MAX_PER_BATCH_CALL = 64
-"""Prepares or ends per batch call: a call holds the server for about this many calls' time (about 1-2 ms at 64),
-and past a few dozen the invocation it saves is a small share of one."""
 MAX_ENDS_PER_CALL = MAX_PREPARES_PER_CALL = MAX_PER_BATCH_CALL
 _DIRECT_POOLS = (
     redis.asyncio.ConnectionPool,
@@ -98,10 +88,8 @@ class ScriptLane:
         self._connect_first = isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool)
         # the prepare and end scripts are known by their digests (those of the text every broker registers); their
         # batch scripts are loaded on first use (NOSCRIPT)
-        self._prepare_sha = register_topic_script(client, PREPARE_SCRIPT).sha
-        self._prepares = register_topic_script(client, PREPARES_SCRIPT)
-        self._end_sha = register_topic_script(client, END_SCRIPT).sha
-        self._ends = register_topic_script(client, ENDS_SCRIPT)
+        self._prepare_batches = batch_scripts(client, ends=False)
+        self._end_batches = batch_scripts(client, prepares=False)
 
     async def call(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """The script's reply; raises what the call raised (a connection error fails every call of its pipeline)."""
@@ -118,42 +106,14 @@ class ScriptLane:
             if batch:
                 await self._send(batch)
 
-    def _coalesce(self, batch: list[_Call]) -> tuple[list[ScriptCall], list[_Span] | None]:
-        """The calls to write for ``batch`` and what each carries (None: each one queued call): the prepares, and the
-        ends, that share KEYS (and their number of arguments) become ``prepare_halves`` / ``end_transactions`` calls,
-        at the place of the first of them; the rest go as they are."""
-        batched: dict[str, Any] = {}
-        if self.coalesce_prepares:
-            batched[self._prepare_sha] = self._prepares
-        if self.coalesce_ends:
-            batched[self._end_sha] = self._ends
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        if batched:
-            for i, (script, keys, args, _) in enumerate(batch):
-                if script.sha in batched:
-                    groups.setdefault((script.sha, len(args), *keys), []).append(i)
-        shared = {members[0]: (batched[sha], members) for (sha, *_), members in groups.items() if len(members) > 1}
-        if not shared:
-            return [(script, keys, args) for script, keys, args, _ in batch], None
-        carried = {i for _, members in shared.values() for i in members}
-        calls: list[ScriptCall] = []
-        spans: list[_Span] = []
-        for i, (script, keys, args, _) in enumerate(batch):
-            group = shared.get(i)
-            if group is not None:
-                many, members = group
-                width = len(args)
-                for start in range(0, len(members), MAX_PER_BATCH_CALL):
-                    chunk = tuple(members[start : start + MAX_PER_BATCH_CALL])
-                    packed: list[Any] = [width]
-                    for j in chunk:
-                        packed.extend(batch[j][2])
-                    calls.append((many, keys, packed))
-                    spans.append(chunk)
-            elif i not in carried:
-                calls.append((script, keys, args))
-                spans.append(i)
-        return calls, spans
+    def _coalesce(self, batch: list[_Call]) -> tuple[list[ScriptCall], list[Any] | None]:
+        """The calls to write for ``batch`` and what each carries (:func:`redis_txmq.batching.coalesce`), the
+        prepares and the ends coalesced as the lane's flags say."""
+        batched = {
+            **(self._prepare_batches if self.coalesce_prepares else {}),
+            **(self._end_batches if self.coalesce_ends else {}),
+        }
+        return coalesce([(script, keys, args) for script, keys, args, _ in batch], batched)
 
     async def _send(self, batch: list[_Call]) -> None:
         try:
@@ -170,7 +130,7 @@ class ScriptLane:
                         pipe.execute_command(*self.durability.command)
                     wire_replies = await pipe.execute(raise_on_error=False)
                 confirmation = wire_replies.pop() if self.durability is not None else None
-            replies = wire_replies if spans is None else _spread(wire_replies, spans, len(batch))
+            replies = wire_replies if spans is None else spread(wire_replies, spans, len(batch))
         except Exception as exc:  # noqa: BLE001 - a connection error or a fault here: each caller learns it
             for *_, future in batch:
                 if not future.done():
@@ -203,27 +163,6 @@ class ScriptLane:
             )
         finally:
             await pool.release(conn)  # a connection interrupted mid-exchange was disconnected by redis-py
-
-
-def _spread(wire_replies: list[Any], spans: list[_Span], count: int) -> list[Any]:
-    """One reply per queued call, from the replies of the calls written: a ``prepare_halves`` or
-    ``end_transactions`` call's list gives each prepare or end its own reply (or its own error); an error of the whole
-    call (refused before it ran, e.g. out of memory) is each of its calls' error."""
-    replies: list[Any] = [None] * count
-    for span, reply in zip(spans, wire_replies, strict=True):
-        if isinstance(span, int):
-            replies[span] = reply
-        elif isinstance(reply, Exception):
-            for i in span:
-                replies[i] = reply
-        elif isinstance(reply, list) and len(reply) == len(span):
-            for i, one in zip(span, reply, strict=True):
-                replies[i] = one
-        else:
-            wrong = redis.ResponseError(f"a batch call replied {reply!r} to {len(span)} calls")
-            for i in span:
-                replies[i] = wrong
-    return replies
 
 
 class AsyncScriptRunner:
