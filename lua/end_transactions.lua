@@ -28,10 +28,10 @@
 -- repeat publishes it again (as end_transaction does; ruling it out would cost a TYPE per key); `ended`, `ended_at`
 -- or `remarks`, written after the ends, and the ends are published and retired but not remembered (see the end);
 -- `ended`, `ended_at` or `remarks` refusing the sweep of expired outcomes, made last, leaves the ends applied.
--- The sweep of remembered outcomes past the dedupe window (expire_ended) that an end whose time ends in 0 ms makes
--- in end_transaction is made once, after the ends: an outcome it forgets is remembered for every end of the call
--- (a repeat inside the call is a DUPLICATE, where end_transaction would have forgotten it after the sweep: only
--- for an outcome ending its window within the call's millisecond).
+-- The sweeps of remembered outcomes past the dedupe window (expire_ended) that an end whose time ends in 0 ms makes
+-- in end_transaction are made after the ends, together: an outcome they forget is remembered for every end of the
+-- call (a repeat inside the call is a DUPLICATE, where end_transaction would have forgotten it after the sweep:
+-- only for an outcome ending its window within the call's millisecond).
 -- No helper functions but two: the end runs in a function, made once per call (not per end), so that each of its
 -- `return`s ends that end only, and pcall keeps a failed command to that end's reply; the sweep runs in one, when
 -- an end asked for it, so that pcall keeps its failure from the ends.
@@ -93,7 +93,7 @@ end
 -- what the call writes after its ends: the outcomes remembered, the transactions retired, and the sweep of
 -- outcomes past the window that an end asked for (as end_transaction does one end in ten)
 local ended_fields, ended_times, half_ids, retired, unchecked_retired, remarks_dropped = {}, {}, {}, {}, {}, {}
-local sweep_now, sweep_window_ms = nil, nil
+local sweep_now, sweep_window_ms, sweeps = nil, nil, 0
 
 local function call_one(at)
   --#include end_args
@@ -120,7 +120,7 @@ local function call_one(at)
     ended_times[#ended_times + 1] = now
     ended_times[#ended_times + 1] = txid
     if string.byte(now, -1) == 48 then
-      sweep_now, sweep_window_ms = now, window_ms
+      sweep_now, sweep_window_ms, sweeps = now, window_ms, sweeps + 1
     end
   end
 
@@ -161,12 +161,19 @@ end
 if #remarks_dropped > 0 then
   redis.pcall('HDEL', remarks, unpack(remarks_dropped))
 end
--- The sweep last, once, with the time and window of the last end that asked for it; under pcall: a companion key
--- of another type refuses it without touching the ends, which are retired already.
+-- The sweep last, with the time and window of the last end that asked for it, forgetting as many outcomes as the
+-- ends that asked for it would have one by one (256 each, in rounds of 256: `unpack` has a limit), so that the
+-- outcomes are forgotten as fast as they are remembered; under pcall: a companion key of another type refuses it
+-- without touching the ends, which are retired already.
 if sweep_now then
   pcall(function()
     local now, window_ms, limit = sweep_now, sweep_window_ms, 256
-    --#include expire_ended
+    for _ = 1, sweeps do
+      --#include expire_ended
+      if #old < limit then
+        break
+      end
+    end
   end)
 end
 return replies

@@ -476,6 +476,36 @@ def test_a_refused_sweep_of_expired_outcomes_leaves_the_ends_applied_once(real_c
     assert len(bodies) == len(set(bodies)) == count
 
 
+def test_a_batch_forgets_expired_outcomes_as_fast_as_its_ends_one_by_one_would(real_client) -> None:
+    """Each end whose time ends in 0 ms forgets up to 256 outcomes past the window; a batch makes its ends' sweeps
+    together after them, as many as asked (not one sweep for the call, which would let `ended` grow under steady
+    batched traffic)."""
+    keys = TopicKeys("orders")
+    prepares = register_topic_script(real_client, "prepare_halves")
+    ends = register_topic_script(real_client, "end_transactions")
+    old = [f"old-{i}" for i in range(3000)]
+    real_client.hset(keys.ended, mapping=dict.fromkeys(old, f"COMMIT|-|1-0|{GROUP}"))
+    real_client.zadd(keys.ended_at, dict.fromkeys(old, 1))  # ended long ago: past any window
+    count, asked = 0, 0
+    while not asked and count < 20_000:  # until a call's ends fall on a millisecond ending in 0
+        batch = [f"new-{count + i}" for i in range(32)]
+        count += len(batch)
+        args: list[Any] = [9]
+        for txid in batch:
+            args += [txid, GROUP, "orders", "0", b"x", "", "", "", ""]
+        prepares(keys=keys.script_keys(), args=args)
+        args = [8]
+        for txid in batch:
+            args += [txid, GROUP, "ROLLBACK", "producer", "", 60_000, 100_000, ""]
+        last = real_client.xrevrange(keys.op_stream, count=1)
+        ends(keys=keys.script_keys(), args=args)
+        made = real_client.xrange(keys.op_stream, min=f"({last[0][0].decode()}" if last else "-")
+        asked = sum(op_id.decode().split("-")[0].endswith("0") for op_id, _ in made)
+    assert asked
+    forgotten = len(old) - sum(1 for txid in real_client.hmget(keys.ended, old) if txid is not None)
+    assert forgotten == min(len(old), 256 * asked)
+
+
 # --- prepares: lua/prepare_halves.lua ------------------------------------------------------------------------------
 
 
