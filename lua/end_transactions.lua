@@ -36,19 +36,8 @@
 -- `return`s ends that end only, and pcall keeps a failed command to that end's reply; the sweep runs in one, when
 -- an end asked for it, so that pcall keeps its failure from the ends.
 
-local width = tonumber(ARGV[1])
-if not width or width < 8 or width % 1 ~= 0 or (#ARGV - 1) % width ~= 0 or (#ARGV - 1) / width > 2000 then
-  return redis.error_reply('ERR end_transactions: ARGV must be a width >= 8 then at most 2000 whole ends of that '
-    .. 'width, got ' .. #ARGV .. ' arguments')
-end
-if #ARGV == 1 then
-  return {}
-end
-
-local txids = {}
-for at = 1, #ARGV - 1, width do
-  txids[#txids + 1] = ARGV[at + 1]
-end
+local batch_name, min_width = 'end_transactions', 8
+--#include batch_calls
 local half_of, unchecked_of, ended_of = {}, {}, {}
 do
   local in_flight = redis.call('HMGET', inflight, unpack(txids))
@@ -147,19 +136,12 @@ end
 -- still made: an end whose outcome could not be remembered (`ended`, `ended_at`) is still published once and
 -- retired, and answered as applied; a repeat of it finds it no longer in flight (NOT_FOUND, or the refusal of
 -- `ended`) instead of publishing it a second time.
-if #retired > 0 then
-  redis.pcall('XDEL', half_stream, unpack(half_ids))
-  redis.pcall('HDEL', inflight, unpack(retired))
-end
-if #unchecked_retired > 0 then
-  redis.pcall('ZREM', unchecked, unpack(unchecked_retired))
-end
-if #ended_fields > 0 then
-  redis.pcall('HSET', ended, unpack(ended_fields))
-  redis.pcall('ZADD', ended_at, unpack(ended_times))
-end
-if #remarks_dropped > 0 then
-  redis.pcall('HDEL', remarks, unpack(remarks_dropped))
+for _, write in ipairs({{'XDEL', half_stream, half_ids}, {'HDEL', inflight, retired},
+                        {'ZREM', unchecked, unchecked_retired}, {'HSET', ended, ended_fields},
+                        {'ZADD', ended_at, ended_times}, {'HDEL', remarks, remarks_dropped}}) do
+  if #write[3] > 0 then
+    redis.pcall(write[1], write[2], unpack(write[3]))
+  end
 end
 -- The sweep last, with the time and window of the last end that asked for it, forgetting as many outcomes as the
 -- ends that asked for it would have one by one (256 each, in rounds of 256: `unpack` has a limit), so that the

@@ -26,19 +26,8 @@
 -- No helper functions but one: the prepare runs in a function, made once per call (not per prepare), so that each
 -- of its `return`s ends that prepare only, and pcall keeps a failed command to that prepare's reply.
 
-local width = tonumber(ARGV[1])
-if not width or width < 9 or width % 1 ~= 0 or (#ARGV - 1) % width ~= 0 or (#ARGV - 1) / width > 2000 then
-  return redis.error_reply('ERR prepare_halves: ARGV must be a width >= 9 then at most 2000 whole prepares of that '
-    .. 'width, got ' .. #ARGV .. ' arguments')
-end
-if #ARGV == 1 then
-  return {}
-end
-
-local txids = {}
-for at = 1, #ARGV - 1, width do
-  txids[#txids + 1] = ARGV[at + 1]
-end
+local batch_name, min_width = 'prepare_halves', 9
+--#include batch_calls
 -- `ended` or `dead_index` refusing its HMGET (another type, written over by another tool): each prepare that is not
 -- a repeat of one in flight reads it itself, and fails, as alone
 local half_of, ended_of, dead_of = {}, nil, nil
@@ -109,11 +98,7 @@ local function call_one(at)
     unchecked_calls[#unchecked_calls + 1] = (at - 1) / width + 1
     has_unchecked = true
   end
-  if wake ~= '' and schedule then
-    redis.call('ZADD', schedule, wake, topic_stream)
-    wake = ''
-  end
-  return {'OK', half_id, 'PREPARED', 'NEW', wake}
+  --#include wake_topic
 end
 
 --#include each_call
@@ -121,19 +106,14 @@ end
 -- The index writes after the prepares. A key of another type (written over by another tool) refuses its write, as
 -- it would refuse each prepare's: the prepares whose write it was get that error as their reply, the others keep
 -- theirs (a prepare with its own immunity, indexed in `due`, is not concerned by `unchecked`).
-if #inflight_fields > 0 then
-  local refused = redis.pcall('HSET', inflight, unpack(inflight_fields))
-  if type(refused) == 'table' and refused['err'] then
-    for _, index in ipairs(inflight_calls) do
-      replies[index] = refused
-    end
-  end
-end
-if #unchecked_members > 0 then
-  local refused = redis.pcall('ZADD', unchecked, unpack(unchecked_members))
-  if type(refused) == 'table' and refused['err'] then
-    for _, index in ipairs(unchecked_calls) do
-      replies[index] = refused
+for _, write in ipairs({{'HSET', inflight, inflight_fields, inflight_calls},
+                        {'ZADD', unchecked, unchecked_members, unchecked_calls}}) do
+  if #write[3] > 0 then
+    local refused = redis.pcall(write[1], write[2], unpack(write[3]))
+    if type(refused) == 'table' and refused['err'] then
+      for _, index in ipairs(write[4]) do
+        replies[index] = refused
+      end
     end
   end
 end

@@ -123,7 +123,7 @@ def test_a_batch_of_ends_or_prepares_runs_the_rules_of_one_from_the_same_fragmen
     assert _fragment("end_not_in_flight", "  ") in end and _fragment("end_not_in_flight", "    ") in ends
     assert _fragment("retire_checked", "  ") in end and _fragment("retire_checked", "    ") in ends
     prepares, prepare = scripts.script_source("prepare_halves"), scripts.script_source("prepare_half")
-    for name in ("prepare_args", "half_fields"):
+    for name in ("prepare_args", "half_fields", "wake_topic"):
         assert _fragment(name) in prepare and _fragment(name, "  ") in prepares, name
 
 

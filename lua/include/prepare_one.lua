@@ -53,8 +53,4 @@ else
   end
   redis.call('ZADD', unchecked, born_ms, txid)
 end
-if wake ~= '' and schedule then
-  redis.call('ZADD', schedule, wake, topic_stream)
-  wake = ''
-end
-return {'OK', half_id, 'PREPARED', 'NEW', wake}
+--#include wake_topic
