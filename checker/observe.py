@@ -62,12 +62,10 @@ class Observer:
         m = self.metrics
         seen_topics: set[str] = set()
         seen_groups: set[tuple[str, str]] = set()
-        try:
-            figures_read = streams_figures(client, topics, now_ms)
-            all_figures = dict(zip([keys.topic_stream for keys in topics], figures_read, strict=True))
-            all_lags = consumer_lags(client, topics)
-        except REDIS_ERRORS as exc:  # the whole read failed: every topic keeps its gauges
-            all_figures, all_lags = {k.topic_stream: exc for k in topics}, {}
+        # a topic that could not be read has its error in place of its figures (or its lags): it keeps its gauges
+        figures_read = streams_figures(client, topics, now_ms)
+        all_figures = dict(zip([keys.topic_stream for keys in topics], figures_read, strict=True))
+        all_lags = consumer_lags(client, topics)
         for topic, partitions in by_topic(topics).items():
             seen_topics.add(topic)
             for counter in (m.dead_letters, m.commits, m.rollbacks, m.topic_errors):

@@ -101,8 +101,7 @@ local function call_one(at)
   -- apply_outcome.lua's remembered outcome, written after the ends
   if window_ms > 0 then
     local now = string.match(op_id, '^%d+')
-    local record = outcome .. '|' .. (committed_id ~= '' and committed_id or '-') .. '|' .. half_id .. '|'
-      .. half['producer_group']
+    --#include outcome_record
     ended_of[txid] = record
     ended_fields[#ended_fields + 1] = txid
     ended_fields[#ended_fields + 1] = record

@@ -80,9 +80,10 @@ local function call_one(at)
 
   half_id = redis.call('XADD', half_stream, '*', unpack(fields))
   half_of[txid] = half_id
+  local index = (at - 1) / width + 1  -- this prepare's place in the replies
   inflight_fields[#inflight_fields + 1] = txid
   inflight_fields[#inflight_fields + 1] = half_id
-  inflight_calls[#inflight_calls + 1] = (at - 1) / width + 1
+  inflight_calls[#inflight_calls + 1] = index
   local wake = born_ms
   if immunity_ms then
     redis.call('ZADD', due, string.format('%d', tonumber(born_ms) + immunity_ms), txid)
@@ -95,7 +96,7 @@ local function call_one(at)
     end
     unchecked_members[#unchecked_members + 1] = born_ms
     unchecked_members[#unchecked_members + 1] = txid
-    unchecked_calls[#unchecked_calls + 1] = (at - 1) / width + 1
+    unchecked_calls[#unchecked_calls + 1] = index
     has_unchecked = true
   end
   --#include wake_topic

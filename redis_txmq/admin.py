@@ -161,7 +161,8 @@ def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[
     error that kept it from being read (a partition on a master that is down). Two rounds of pipelines
     (:func:`~redis_txmq.connection.pipeline_each`): ``XINFO GROUPS``, then ``XPENDING`` and ``XLEN`` per group."""
     failed: dict[str, Exception] = {}
-    found: list[tuple[TopicKeys, dict[str, Any]]] = []
+    # each group found: its partition, XINFO's row, its dead-letter stream, and what is asked of it next
+    found: list[tuple[TopicKeys, dict[str, Any], str | None, tuple[str, ...]]] = []
 
     def queue_info(pipe: Any, keys: TopicKeys) -> int:
         pipe.xinfo_groups(keys.topic_stream)
@@ -174,30 +175,28 @@ def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[
         if isinstance(reply, Exception):
             failed.setdefault(keys.topic, reply)
             continue
-        found.extend((keys, info) for info in reply)
+        for info in reply:
+            dead_stream = _dead_stream(keys, info)
+            calls = ("oldest",) if int(info.get("pending") or 0) else ()
+            found.append((keys, info, dead_stream, calls + ("dead",) if dead_stream is not None else calls))
 
-    def calls_of(keys: TopicKeys, info: dict[str, Any]) -> tuple[str, ...]:
-        calls: tuple[str, ...] = ("oldest",) if int(info.get("pending") or 0) else ()
-        return calls + ("dead",) if _dead_stream(keys, info) is not None else calls
-
-    def queue_group(pipe: Any, found_one: tuple[TopicKeys, dict[str, Any]]) -> int:
-        keys, info = found_one
-        calls = calls_of(keys, info)
+    def queue_group(pipe: Any, group: tuple[TopicKeys, dict[str, Any], str | None, tuple[str, ...]]) -> int:
+        keys, info, dead_stream, calls = group
         if "oldest" in calls:
             pipe.xpending_range(keys.topic_stream, _group_name(info), min="-", max="+", count=1)
-        if "dead" in calls:
-            pipe.xlen(_dead_stream(keys, info))
+        if dead_stream is not None:
+            pipe.xlen(dead_stream)
         return len(calls)
 
     answered: list[tuple[TopicKeys, dict[str, Any], dict[str, Any]]] = []
-    for (keys, info), replies in zip(found, pipeline_each(client, found, queue_group), strict=True):
+    for (keys, info, _, calls), replies in zip(found, pipeline_each(client, found, queue_group), strict=True):
         error = (
             replies if isinstance(replies, Exception) else next((r for r in replies if isinstance(r, Exception)), None)
         )
         if error is not None:
             failed.setdefault(keys.topic, error)
             continue
-        answered.append((keys, info, dict(zip(calls_of(keys, info), replies, strict=True))))
+        answered.append((keys, info, dict(zip(calls, replies, strict=True))))
     rows: dict[str, dict[str, dict[str, Any]]] = {keys.topic: {} for keys in streams}
     for keys, info, answers in answered:
         group = _group_name(info)

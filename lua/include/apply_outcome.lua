@@ -17,8 +17,8 @@
 --#include publish_outcome
 if window_ms > 0 then
   local now = string.match(op_id, '^%d+')
-  redis.call('HSET', ended, txid, outcome .. '|' .. (committed_id ~= '' and committed_id or '-') .. '|' .. half_id
-    .. '|' .. half['producer_group'])
+  --#include outcome_record
+  redis.call('HSET', ended, txid, record)
   redis.call('ZADD', ended_at, now, txid)
   if string.byte(now, -1) == 48 then
     local limit = 256
