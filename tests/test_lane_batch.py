@@ -506,6 +506,42 @@ def test_a_batch_forgets_expired_outcomes_as_fast_as_its_ends_one_by_one_would(r
     assert forgotten == min(len(old), 256 * asked)
 
 
+def test_a_batch_of_ends_with_different_windows_forgets_only_what_every_one_would(real_client) -> None:
+    """A call whose ends have different dedupe windows (not the library's: a producer's ends share its window)
+    sweeps with the earliest cutoff of those that asked: outcomes still within a longer window are kept."""
+    keys = TopicKeys("orders")
+    prepares = register_topic_script(real_client, "prepare_halves")
+    ends = register_topic_script(real_client, "end_transactions")
+    (now_s, now_us) = real_client.time()
+    recent = [f"recent-{i}" for i in range(300)]  # 30 s old: past a 1 s window, within a 60 s one
+    real_client.hset(keys.ended, mapping=dict.fromkeys(recent, f"COMMIT|-|1-0|{GROUP}"))
+    real_client.zadd(keys.ended_at, dict.fromkeys(recent, now_s * 1000 + now_us // 1000 - 30_000))
+    windows: dict[str, int] = {}
+    count, mixed = 0, False
+    while not mixed and count < 40_000:  # until ends of both windows ask for a sweep in one call, a 1 s one last
+        batch = [f"new-{count + i}" for i in range(4)]
+        count += len(batch)
+        args: list[Any] = [9]
+        for txid in batch:
+            args += [txid, GROUP, "orders", "0", b"x", "", "", "", ""]
+        prepares(keys=keys.script_keys(), args=args)
+        args = [8]
+        for i, txid in enumerate(batch):
+            windows[txid] = 1_000 if i % 2 else 60_000
+            args += [txid, GROUP, "ROLLBACK", "producer", "", windows[txid], 100_000, ""]
+        last = real_client.xrevrange(keys.op_stream, count=1)
+        ends(keys=keys.script_keys(), args=args)
+        made = real_client.xrange(keys.op_stream, min=f"({last[0][0].decode()}" if last else "-")
+        askers = [
+            windows[fields[b"transaction_id"].decode()]
+            for op_id, fields in made
+            if op_id.decode().split("-")[0].endswith("0")
+        ]
+        mixed = bool(askers) and askers[-1] == 1_000 and 60_000 in askers
+    assert mixed
+    assert all(record is not None for record in real_client.hmget(keys.ended, recent))
+
+
 # --- prepares: lua/prepare_halves.lua ------------------------------------------------------------------------------
 
 
