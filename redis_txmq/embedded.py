@@ -208,13 +208,28 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         try:
-            for port in self.ports:
-                self._start_node(port)
+            for index in range(len(self.ports)):
+                self._start_first(index)
             _form_cluster(self.ports[: self.masters], self.ports[self.masters :])
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_first(self, index: int) -> None:
+        """Start node ``index`` on its port, or on another free one when that port was taken meanwhile (by another
+        process between the choice and the start: the node cannot listen), as :class:`EmbeddedRedis` does."""
+        for _ in range(5):
+            port = self.ports[index]
+            try:
+                self._start_node(port)
+                return
+            except TxMQError:
+                process = self.processes.pop(port)
+                process.kill()
+                process.wait()
+                self.ports[index] = _cluster_port(self.ports)
+        raise TxMQError(f"could not start {self.binary} as a cluster node on a free port")
 
     def _start_node(self, port: int) -> None:
         args = [self.binary, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]

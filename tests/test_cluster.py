@@ -6,6 +6,7 @@ import collections
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -243,3 +244,25 @@ def test_a_transaction_of_messages_on_every_master(cluster):
     for topic in TOPICS:
         assert [f[b"body"] for _, f in cluster.xrange(topic)] == [b"c", b"o"]
         assert cluster.hlen(TopicKeys(topic).inflight) == 0
+
+
+def test_a_cluster_node_whose_port_was_taken_meanwhile_starts_on_another() -> None:
+    """Ports are chosen when the cluster is made and taken when each node starts: one taken meanwhile by another
+    process (the test session runs many servers) moves its node to another free port instead of failing."""
+    from redis_txmq.embedded import LocalCluster
+
+    cluster = LocalCluster(masters=3)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", cluster.ports[1]))
+        squatter.listen()
+        taken = cluster.ports[1]
+        cluster.start()
+        try:
+            assert taken not in cluster.ports and len(set(cluster.ports)) == 3
+            client = RedisCluster.from_url(cluster.url)
+            try:
+                assert client.set("k", "v") and client.get("k") == b"v"
+            finally:
+                client.close()
+        finally:
+            cluster.stop()
