@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .durability import Durability
@@ -13,6 +13,7 @@ from .message import DEFAULT_MAX_MESSAGE_SIZE
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 ENV_PREFIX = "TXMQ_"
+REDIS_URL_VARIABLE = ENV_PREFIX + "REDIS_URL"
 MIN_DEDUPE_WINDOW = 60.0
 """An end retried after a lost reply must get the first answer: the outcome outlives redis-py's retries."""
 LIFETIMES = ("transaction_record_lifetime", "job_decision_lifetime", "stage_lifetime")
@@ -56,12 +57,16 @@ class Settings:
     ``stage_lifetime`` keeps a write job's stages and their list, and must not be longer than
     ``job_decision_lifetime`` (a decision outlives the stages it names).
 
+    ``redis_url`` left out reads ``TXMQ_REDIS_URL`` (the default when it is unset or empty), as the CLI does: a
+    service that tunes its settings in code and names its server in the environment must not go to
+    ``localhost:6379``. The other ``TXMQ_*`` variables apply only through :meth:`from_env`.
+
     Durability (:mod:`redis_txmq.durability`): ``master`` acknowledges a prepare or an end once the master applied
     it; ``replica`` once ``durability_replicas`` replicas have it; ``aof`` once the master fsynced it to its
     append-only file; each waits at most ``durability_timeout`` seconds.
     """
 
-    redis_url: str = DEFAULT_REDIS_URL
+    redis_url: str = field(default_factory=lambda: os.environ.get(REDIS_URL_VARIABLE) or DEFAULT_REDIS_URL)
     cluster: bool = False
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     dedupe_window: float = 300.0
@@ -166,14 +171,15 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Defaults, then ``TXMQ_<FIELD>`` variables, then non-None ``overrides``."""
+        """Defaults, then ``TXMQ_<FIELD>`` variables of ``environ`` (``os.environ`` when None), then non-None
+        ``overrides``."""
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {"redis_url": DEFAULT_REDIS_URL}  # of ``environ`` only, not of os.environ
         for f in fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw == "":
                 continue
-            kind = float if f.name in LIFETIMES else type(getattr(cls, f.name))
+            kind = float if f.name in LIFETIMES else type(values.get(f.name, getattr(cls, f.name, None)))
             values[f.name] = _parse(f.name, raw, kind)
         settings = cls(**values)
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
