@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -28,13 +29,14 @@ from .connection import REDIS_ERRORS, connection_errors, instance_id, resolve_cl
 from .errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from .keys import topic_meta_key
 from .listener import TransactionListener, local_state
+from .log_rows import settle
 from .message import LocalTransactionState, Message, TransactionSendResult, validate_name
 from .oneway import EndFlusher
 from .protocol import EndCall, EndSource, RecordAction, TransactionRecord
 from .sending import CheckerListener, InFlight, ManyState, listener_of, new_send, routing_error
 from .synchronization import Background, Cancelled, Lock, shield
 from .topics import PartitionRouter, count_of
-from .transaction import Transaction, TransactionOfMany
+from .transaction import Transaction, TransactionOfMany, commit_after_outer
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +190,18 @@ class TransactionProducer:
         state, remark = local_state(
             self.listener.execute_local_transaction, tx.message, "local transaction", tx.message, arg
         )
-        return self._end(tx, state, remark)
+        settled = settle(tx.transaction_id, tx.message.topic, state, remark)
+        if settled.waiting:
+            commit_after_outer(settled.waiting, partial(self._commit_after_outer, tx))
+            return tx.result(settled.state, settled.remark)
+        return self._end(tx, settled.state, settled.remark)
+
+    def _commit_after_outer(self, tx: InFlight) -> None:
+        """The COMMIT that waited for the outer database transaction; a failure is left to the check-back."""
+        try:
+            self._end(tx, LocalTransactionState.COMMIT, None)
+        except TxMQError as exc:
+            logger.warning("tx=%s the COMMIT after the outer database commit failed: %s", tx.transaction_id, exc)
 
     def send_messages_in_transaction(self, messages: list[Message], arg: Any = None) -> list[TransactionSendResult]:
         """Several messages, possibly on several topics, in one transaction: all become visible, each once, or
@@ -204,7 +217,7 @@ class TransactionProducer:
                 tx.send(message)
             first = tx.state.listener_message()
             state, remark = local_state(self.listener.execute_local_transaction, first, "local transaction", first, arg)
-            tx.end(state, remark)
+            tx.settle(state, remark)
         return tx.results
 
     def transaction(self, message: Message | None = None) -> Transaction | TransactionOfMany:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..connection import REDIS_ERRORS, connection_errors, instance_id, resolve_c
 from ..errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from ..keys import topic_meta_key
 from ..listener import TransactionListener as SyncTransactionListener  # async-only
+from ..log_rows import settle
 from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
 from ..protocol import EndCall, EndSource, RecordAction, TransactionRecord
 from ..sending import CheckerListener, InFlight, ManyState, listener_of, new_send, routing_error
@@ -33,7 +35,7 @@ from .broker import AsyncRedisBroker
 from .check_handler import AsyncCheckRequestHandler, Registrations
 from .listener import TransactionListener, local_state
 from .oneway import AsyncEndFlusher
-from .transaction import AsyncTransaction, AsyncTransactionOfMany
+from .transaction import AsyncTransaction, AsyncTransactionOfMany, commit_after_outer
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +192,18 @@ class TransactionProducer:
         state, remark = await local_state(
             self.listener.execute_local_transaction, tx.message, "local transaction", tx.message, arg
         )
-        return await self._end(tx, state, remark)
+        settled = settle(tx.transaction_id, tx.message.topic, state, remark)
+        if settled.waiting:
+            commit_after_outer(settled.waiting, partial(self._commit_after_outer, tx))
+            return tx.result(settled.state, settled.remark)
+        return await self._end(tx, settled.state, settled.remark)
+
+    async def _commit_after_outer(self, tx: InFlight) -> None:
+        """The COMMIT that waited for the outer database transaction; a failure is left to the check-back."""
+        try:
+            await self._end(tx, LocalTransactionState.COMMIT, None)
+        except TxMQError as exc:
+            logger.warning("tx=%s the COMMIT after the outer database commit failed: %s", tx.transaction_id, exc)
 
     async def send_messages_in_transaction(
         self, messages: list[Message], arg: Any = None
@@ -210,7 +223,7 @@ class TransactionProducer:
             state, remark = await local_state(
                 self.listener.execute_local_transaction, first, "local transaction", first, arg
             )
-            await tx.end(state, remark)
+            await tx.settle(state, remark)
         return tx.results
 
     def transaction(self, message: Message | None = None) -> AsyncTransaction | AsyncTransactionOfMany:

@@ -9,13 +9,19 @@ The asyncio handles' module is the source; the sync ones' is generated from it b
 
 from __future__ import annotations
 
+import asyncio  # async-only
+import logging
 from collections.abc import Callable
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..config import Settings
+from ..errors import TxMQError
+from ..log_rows import RowWatch, after_outer_commit, settle, take_watches
 from ..message import LocalTransactionState, Message, TransactionSendResult
 from ..sending import HandleState, InFlight, ManyHandleState, ManyState, outcome_of_block
+
+logger = logging.getLogger(__name__)
 
 
 class AsyncTransactionSender(Protocol):
@@ -64,8 +70,25 @@ class AsyncTransaction(HandleState):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if not self.ended and self._in_flight is not None:
-            await self._end(*outcome_of_block(exc_type, exc))
+        if self._in_flight is None:
+            return
+        tx = self._in_flight
+        if self.ended:  # ended early (commit() / rollback()): what the rows say no longer matters
+            take_watches(tx.transaction_id)
+            return
+        settled = settle(tx.transaction_id, tx.message.topic, *outcome_of_block(exc_type, exc))
+        if not settled.waiting:
+            await self._end(settled.state, settled.remark)
+            return
+        self.result = tx.result(settled.state, settled.remark)
+        commit_after_outer(settled.waiting, self._commit_after_outer)
+
+    async def _commit_after_outer(self) -> None:
+        """The COMMIT that waited for the outer database transaction; a failure is left to the check-back."""
+        try:
+            self.result = await self._producer._end(self.in_flight, LocalTransactionState.COMMIT, None)
+        except TxMQError as exc:
+            logger.warning("tx=%s the COMMIT after the outer database commit failed: %s", self.transaction_id, exc)
 
     async def commit(self) -> TransactionSendResult:
         """Commit now: the message becomes visible; leaving the block later changes nothing."""
@@ -101,8 +124,28 @@ class AsyncTransactionOfMany(ManyHandleState):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if not self.state.ended:
-            await self.end(*outcome_of_block(exc_type, exc))
+        if self.state.ended:
+            take_watches(self.state.transaction_id)
+            return
+        await self.settle(*outcome_of_block(exc_type, exc))
+
+    async def settle(self, state: LocalTransactionState, remark: str | None) -> None:
+        """End with ``state``, or, while the transaction's log row waits in an outer database transaction, when
+        that transaction commits (:mod:`redis_txmq.log_rows`)."""
+        topic = self.state.parts[0].message.topic if self.state.parts else ""
+        settled = settle(self.state.transaction_id, topic, state, remark)
+        if not settled.waiting:
+            await self.end(settled.state, settled.remark)
+            return
+        self.state.results = [part.result(settled.state, settled.remark) for part in self.state.parts]
+        commit_after_outer(settled.waiting, self._commit_after_outer)
+
+    async def _commit_after_outer(self) -> None:
+        """The decision that waited for the outer database transaction; a failure is left to the check-back."""
+        try:
+            await self._producer._end_many(self.state, LocalTransactionState.COMMIT, None)
+        except TxMQError as exc:
+            logger.warning("tx=%s the COMMIT after the outer database commit failed: %s", self.transaction_id, exc)
 
     async def send(self, message: Message) -> Message:
         """Write ``message`` as a half message of this transaction; returns the copy that was written, whose
@@ -122,3 +165,21 @@ class AsyncTransactionOfMany(ManyHandleState):
         if self.state.results is None:
             await self._producer._end_many(self.state, state, remark)
         return self.results
+
+
+def commit_after_outer(waiting: tuple[RowWatch, ...], commit: Callable[[], Any]) -> bool:
+    """Run ``commit`` once an outer database transaction holding the transaction's log row commits; False when
+    the watches cannot learn of that commit (the check-back settles the transaction then). On asyncio the commit
+    may happen on another thread: ``commit`` is scheduled on this loop."""
+    loop = asyncio.get_running_loop()  # async-only
+    return after_outer_commit(waiting, lambda: loop.call_soon_threadsafe(_spawn, commit))  # async-only
+    # sync-only: return after_outer_commit(waiting, commit)
+
+
+_DEFERRED: set[asyncio.Future[Any]] = set()  # async-only
+
+
+def _spawn(commit: Callable[[], Any]) -> None:  # async-only
+    task = asyncio.ensure_future(commit())  # async-only
+    _DEFERRED.add(task)  # async-only
+    task.add_done_callback(_DEFERRED.discard)  # async-only

@@ -26,6 +26,7 @@ does around a request.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -46,6 +47,7 @@ from ..local_records import (
     session_lock_timeout_restore,
     transaction_lock_timeout,
 )
+from ..log_rows import RowState, watch_row
 from ..message import LocalTransactionState, Message
 from ..sending import HandleState, ManyHandleState
 from .rules import check_lengths, purge
@@ -85,6 +87,11 @@ class TransactionLog(TransactionLogRules):
         """Mark the local transaction committed: call it inside that transaction's ``transaction.atomic()`` (on
         ``using``), early. The row commits or rolls back with the service's own data.
 
+        Committed means the outermost transaction committed: when the block is nested (``ATOMIC_REQUESTS``, a
+        caller's ``atomic()``), the handle (or the listener's send) ends the transaction when that outer
+        transaction commits (Django's ``on_commit``), not when the block is left; if it rolls back, the
+        check-back rolls the message back. A bare transaction id is not followed so: pass the handle or message.
+
         ``transaction_or_id`` is a transaction handle (``tx``, of one message or of several), the message a listener
         received, or a transaction id. A handle is registered for this process while its block is open: a
         check-back meanwhile answers UNKNOWN instead of fencing a slow local transaction. Raises
@@ -92,13 +99,16 @@ class TransactionLog(TransactionLogRules):
         the atomic block then rolls back, and the handle with it. Raises :class:`ConfigurationError` outside an
         atomic block: the row would commit on its own."""
         transaction_id, topic = self._identify(transaction_or_id, topic)
-        if not transaction.get_connection(self.using).in_atomic_block:
+        connection = transaction.get_connection(self.using)
+        if not connection.in_atomic_block:
             raise ConfigurationError(
                 f"transaction log, topic {topic!r}, tx={transaction_id}: record() must run inside the local "
                 f"transaction (`with transaction.atomic(using={self.using!r}):`), or the row commits without it"
             )
         values = self._committed_values(transaction_id, topic)
         _model().objects.using(self.using).create(recorded_at=timezone.now(), **values)
+        if not isinstance(transaction_or_id, str):
+            watch_row(transaction_id, AtomicBlockWatch(connection, self.using))
 
     def check(self, message: Message) -> LocalTransactionState:
         """Answer a check-back from the log; see the module's description of the rules."""
@@ -178,3 +188,40 @@ class TransactionLog(TransactionLogRules):
 
     def _check_lengths(self, values: dict[str, Any], what: str) -> None:
         check_lengths(_model(), values, what)
+
+
+class AtomicBlockWatch:
+    """A log row written in a Django atomic block. Django runs an ``on_commit`` callback after the outermost
+    transaction commits and drops it when the savepoint or transaction it was registered in rolls back: a callback
+    that ran means committed, one still registered means pending, one gone means rolled back."""
+
+    def __init__(self, connection: Any, using: str) -> None:
+        self._connection = connection  # the recording thread's: read, never used, from the thread that ends
+        self._committed = False
+        self._then: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._callback = self._on_commit
+        transaction.on_commit(self._callback, using=using, robust=True)
+
+    def _on_commit(self) -> None:
+        with self._lock:
+            self._committed = True
+            then, self._then = self._then, []
+        for call in then:
+            call()
+
+    def state(self) -> RowState:
+        with self._lock:
+            if self._committed:
+                return RowState.COMMITTED
+        if any(entry[1] is self._callback for entry in list(self._connection.run_on_commit)):
+            return RowState.PENDING
+        return RowState.ROLLED_BACK
+
+    def when_committed(self, then: Callable[[], None]) -> bool:
+        with self._lock:
+            if not self._committed:
+                self._then.append(then)
+                return True
+        then()
+        return True
