@@ -14,7 +14,9 @@
 --                                 decision: decide_transaction.lua); '' or absent for a transaction of one message
 -- Reply: {'OK', half_id, state, 'NEW' | 'DUPLICATE', wake} or {'ERR', code, detail}. wake is '' or, when the
 --        topic must be woken in the checkers' schedule and KEYS[14] was not passed, the time (ms) to score it at:
---        the caller writes `ZADD txmq:schedule <wake> <topic stream>` after this call (Cluster).
+--        the caller writes `ZADD txmq:schedule <wake> <topic stream>` after this call (Cluster). A repeat of a
+--        prepare still in flight and never checked replies the wake again, its born time (the first reply, with
+--        the wake, may have been lost: include/repeat_wake.lua).
 -- One of the two calls of every send: no helper functions (see topic_keys.lua), seven commands on the common path
 -- (eight, with the wake, when nothing else of the topic is unchecked).
 -- The topic key's type is checked when a process first sends to the topic (redis_txmq.protocol.refuse_topic_key),

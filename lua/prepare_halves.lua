@@ -14,10 +14,11 @@
 -- of `inflight`, `ended` and `dead_index` (which transactions are in flight, ended or dead-lettered already); for
 -- the first prepare that writes, one TIME (every half message of the call is born at that time) and one EXISTS of
 -- `unchecked`; after them, one HSET of `inflight` and one ZADD of `unchecked` for all the half messages written.
--- In between, each prepare reads and updates local tables standing for those keys (`half_of`, `has_unchecked`), so
--- a prepare sees every prepare before it in the call exactly as the second of two prepare_half calls sees the
--- first: a transaction prepared twice in one call is written once and answered DUPLICATE the second time, and only
--- the first prepare into an empty `unchecked` wakes the topic. What a prepare still does itself on the common
+-- In between, each prepare reads and updates local tables standing for those keys (`half_of`, `has_unchecked`,
+-- `unchecked_born`), so a prepare sees every prepare before it in the call exactly as the second of two
+-- prepare_half calls sees the first: a transaction prepared twice in one call is written once and answered
+-- DUPLICATE the second time (with the wake a repeat replies, include/repeat_wake.lua), and only the first prepare
+-- into an empty `unchecked` wakes the topic. What a prepare still does itself on the common
 -- path: the XADD of its half message. The rest of the rules are prepare_one.lua's, line for line (its header says
 -- how a prepare wakes the topic in the checkers' schedule); tests/test_batch_equivalence.py runs random calls
 -- through this script and through prepare_half one by one and compares the replies and every key.
@@ -49,7 +50,7 @@ do
 end
 local time, has_unchecked = nil, nil
 -- what the call writes after its prepares: the half messages indexed
-local inflight_fields, unchecked_members = {}, {}
+local inflight_fields, unchecked_members, unchecked_born = {}, {}, {}
 local inflight_calls, unchecked_calls = {}, {}
 
 local function call_one(at)
@@ -57,7 +58,8 @@ local function call_one(at)
 
   local half_id = half_of[txid]
   if half_id then
-    return {'OK', half_id, 'PREPARED', 'DUPLICATE'}
+    local pending_born = unchecked_born[txid]
+    --#include repeat_wake
   end
   local prior
   if ended_of then
@@ -96,6 +98,7 @@ local function call_one(at)
     end
     unchecked_members[#unchecked_members + 1] = born_ms
     unchecked_members[#unchecked_members + 1] = txid
+    unchecked_born[txid] = born_ms
     unchecked_calls[#unchecked_calls + 1] = index
     has_unchecked = true
   end

@@ -17,16 +17,18 @@
 -- sooner), wakes the topic: scored at its birth, a checker looks at it in its next round. The score is set, not
 -- only lowered: a look that did not see this transaction (made before it) wrote nothing yet, or wrote before the
 -- wake; its write keeps a score at or after its own time (lua/schedule_topics.lua), and born is that.
--- prepare_halves.lua follows the same rule for each prepare in turn.
+-- prepare_halves.lua follows the same rule for each prepare in turn. A repeat of a prepare still in flight replies
+-- the wake again where the caller writes it (include/repeat_wake.lua: the first reply may have been lost).
 -- Commands: seven on the common path (eight, with the wake, when nothing else of the topic is unchecked):
 -- HGET inflight, HGET ended, HEXISTS dead_index, TIME, XADD, HSET, (EXISTS, ZADD unchecked) or ZADD due, and
 -- ZADD schedule when it wakes the topic and KEYS[14] was passed.
 --#include prepare_args
 
--- Idempotent: a retry after a lost reply finds the first half message.
+-- Idempotent: a retry after a lost reply finds the first half message (and replies the wake that reply carried).
 local half_id = redis.call('HGET', inflight, txid)
 if half_id then
-  return {'OK', half_id, 'PREPARED', 'DUPLICATE'}
+  local pending_born = nil
+  --#include repeat_wake
 end
 local prior = redis.call('HGET', ended, txid)
 if prior then
