@@ -52,6 +52,7 @@ from ..local_records import (
 )
 from ..message import LocalTransactionState, Message
 from ..sending import HandleState, ManyHandleState
+from . import row_watch
 from .statements import (
     Key,
     check_lengths,
@@ -109,9 +110,18 @@ class TransactionLog(TransactionLogRules):
         for this log object: any log here, SQLAlchemy's or Django's, answers alike) while its block is open: a
         check-back meanwhile answers UNKNOWN instead of fencing a slow local transaction.
         Executing it raises the database's unique-constraint error when a check already fenced the transaction
-        (it was taken for rolled back): the local transaction must then roll back, as the handle does."""
+        (it was taken for rolled back): the local transaction must then roll back, as the handle does.
+
+        Committed means the outermost transaction committed: executed in a savepoint (``begin_nested()``) or in a
+        transaction still open when the block ends, the handle's COMMIT waits for the session's outermost commit
+        (on a Core ``Connection``, for the check-back); a rollback of the row rolls the message back
+        (:mod:`redis_txmq.sqlalchemy.row_watch`). A bare transaction id is not followed so."""
         values = self._committed_values(*self._identify(transaction, topic))
-        return insert(self.table).values(**values, recorded_at=utc_now())
+        statement = insert(self.table).values(**values, recorded_at=utc_now())
+        if isinstance(transaction, str):
+            return statement
+        row_watch.install()
+        return statement.execution_options(**{row_watch.ROW_OPTION: values["transaction_id"]})
 
     def check(self, engine: Any, message: Message) -> LocalTransactionState:
         """Answer a check-back from the log (sync ``Engine``); see the module's description of the rules."""
