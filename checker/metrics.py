@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 
 from redis_txmq.config import Settings
 from redis_txmq.keys import TopicKeys
+from redis_txmq.message import LocalTransactionState
 
 from .health import LOOP_STALL_AFTER, TOPIC_FAILURES, CheckerHealth
 from .observe import OBSERVE_INTERVAL, Observer
@@ -46,6 +47,8 @@ class CheckerMetrics:
             "txmq_checks_sent", "Check requests sent to producer groups", ["group"], registry=self.registry
         )
         self.replies = Counter("txmq_check_replies", "Check answers received", ["state"], registry=self.registry)
+        for state in LocalTransactionState:
+            self.replies.labels(state.value)  # at 0 from the start: a checker nobody answers shows it (the alert)
         self.commits = Counter(
             "txmq_check_commits", "Transactions committed by a check answer", ["topic"], registry=self.registry
         )
@@ -123,7 +126,8 @@ class CheckerMetrics:
         )
         self.consumer_oldest_pending = Gauge(
             "txmq_consumer_oldest_pending_idle_seconds",
-            "Seconds since the group's oldest pending entry was delivered (0 when nothing is pending)",
+            "The longest any entry pending in the consumer group has been held since its last delivery (all "
+            "partitions; 0 when nothing is pending)",
             ["topic", "group"],
             registry=self.registry,
         )

@@ -1,5 +1,6 @@
 """What the checker measures besides its own work, for alerting: the oldest in-flight transaction of each topic, the
-dead letters waiting for an operator, each consumer group's lag, and which Redis masters answer.
+dead letters waiting for an operator, each consumer group's lag, and which Redis masters answer; and the labels its
+counters take from what Redis holds (topics, producer groups), created at 0 as they appear.
 
 Read with the queries of ``txmq status`` (``redis_txmq.admin``, in pipelines over all topics), every ``interval``
 seconds (not every round: about five commands per topic stream), less often with thousands of topics
@@ -14,9 +15,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from redis_txmq import entries
 from redis_txmq.admin import by_topic, consumer_lags, streams_figures
 from redis_txmq.connection import REDIS_ERRORS, server_nodes
-from redis_txmq.keys import TopicKeys
+from redis_txmq.keys import GROUP_REGISTRY, TopicKeys
 
 if TYPE_CHECKING:
     from .metrics import CheckerMetrics
@@ -54,6 +56,7 @@ class Observer:
             return False
         self._next = now + max(self.interval, len(topics) / TOPICS_PER_SECOND)
         self._observe_topics(client, topics)
+        self._observe_producer_groups(client)
         self._observe_masters(client)
         return True
 
@@ -99,6 +102,20 @@ class Observer:
             for gauge in (m.consumer_lag, m.consumer_pending, m.consumer_oldest_pending, m.consumer_dead_letters):
                 _remove(gauge, labels)
         self._topics, self._groups = seen_topics, seen_groups
+
+    def _observe_producer_groups(self, client: Any) -> None:
+        """``txmq_checks_sent_total{group}`` at 0 for every registered producer group before its first check request:
+        ``rate()`` and ``increase()`` see the first requests, not only those after it."""
+        try:
+            members = client.smembers(GROUP_REGISTRY)
+        except REDIS_ERRORS as exc:
+            self.metrics.errors.labels("observe").inc()
+            logger.warning("the producer groups in %s were not read: %s", GROUP_REGISTRY, exc)
+            return
+        for member in members:
+            group = entries.text(member)
+            if group:
+                self.metrics.checks_sent.labels(group)
 
     def _observe_masters(self, client: Any) -> None:
         """``txmq_redis_master_up{address}``: a PING to the server (each master of a cluster). Masters the client

@@ -129,8 +129,9 @@ def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any
       cannot tell it for a partition with entries deleted (``XDEL``) past the group's last delivery, or whose group
       was set to an arbitrary id: such partitions are counted in ``undelivered_unknown_partitions`` (``undelivered``
       is then a lower bound; None when no partition's is known);
-    - ``pending``: delivered and not acknowledged; ``oldest_pending_idle_seconds``: how long ago the oldest of them
-      (the lowest id) was delivered, the longest over the partitions (None when nothing is pending);
+    - ``pending``: delivered and not acknowledged; ``oldest_pending_idle_seconds``: the longest any of them has
+      been held since its last delivery, over the partitions (None when nothing is pending): not the lowest id's,
+      which a claim may have delivered again a moment ago (:func:`_longest_idle`, :data:`PENDING_SCAN_LIMIT`);
     - ``dead_letters``: entries the group gave up on (``txmq:{<stream>}:consumer-dead:<group>``), None for a group
       whose name the library would refuse (made by another tool: it has no such stream);
     - ``consumers``: members of the group (the most on one partition), ``partitions``: partitions holding the group.
@@ -158,8 +159,10 @@ def _dead_stream(keys: TopicKeys, info: dict[str, Any]) -> str | None:
 
 def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[str, Any]] | Exception]:
     """:func:`consumer_lag` of every topic of ``streams`` (their partitions together), topic -> its rows, or the
-    error that kept it from being read (a partition on a master that is down). Two rounds of pipelines
-    (:func:`~redis_txmq.connection.pipeline_each`): ``XINFO GROUPS``, then ``XPENDING`` and ``XLEN`` per group."""
+    error that kept it from being read (a partition on a master that is down). Rounds of pipelines
+    (:func:`~redis_txmq.connection.pipeline_each`): ``XINFO GROUPS``, then ``XPENDING`` (the first
+    :data:`PENDING_HEAD` pending entries, with their idle times) and ``XLEN`` per group, then, for a group with
+    more pending (:func:`_longest_idle`), ``XPENDING ... IDLE`` over the rest."""
     failed: dict[str, Exception] = {}
     # each group found: its partition, XINFO's row, its dead-letter stream, and what is asked of it next
     found: list[tuple[TopicKeys, dict[str, Any], str | None, tuple[str, ...]]] = []
@@ -177,13 +180,13 @@ def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[
             continue
         for info in reply:
             dead_stream = _dead_stream(keys, info)
-            calls = ("oldest",) if int(info.get("pending") or 0) else ()
+            calls = ("head",) if int(info.get("pending") or 0) else ()
             found.append((keys, info, dead_stream, calls + ("dead",) if dead_stream is not None else calls))
 
     def queue_group(pipe: Any, group: tuple[TopicKeys, dict[str, Any], str | None, tuple[str, ...]]) -> int:
         keys, info, dead_stream, calls = group
-        if "oldest" in calls:
-            pipe.xpending_range(keys.topic_stream, _group_name(info), min="-", max="+", count=1)
+        if "head" in calls:
+            pipe.xpending_range(keys.topic_stream, _group_name(info), min="-", max="+", count=PENDING_HEAD)
         if dead_stream is not None:
             pipe.xlen(dead_stream)
         return len(calls)
@@ -197,8 +200,9 @@ def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[
             failed.setdefault(keys.topic, error)
             continue
         answered.append((keys, info, dict(zip(calls, replies, strict=True))))
+    idle_ms = _longest_idle(client, answered, failed)
     rows: dict[str, dict[str, dict[str, Any]]] = {keys.topic: {} for keys in streams}
-    for keys, info, answers in answered:
+    for index, (keys, info, answers) in enumerate(answered):
         group = _group_name(info)
         lag = info.get("lag")
         row = rows[keys.topic].setdefault(
@@ -222,9 +226,8 @@ def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[
         else:
             row["undelivered"] = (row["undelivered"] or 0) + int(lag)
         row["pending"] += int(info.get("pending") or 0)
-        oldest = answers.get("oldest")
-        if oldest:
-            idle = int(oldest[0]["time_since_delivered"]) / 1000
+        if index in idle_ms:
+            idle = idle_ms[index] / 1000
             previous = row["oldest_pending_idle_seconds"]
             row["oldest_pending_idle_seconds"] = idle if previous is None else max(previous, idle)
         if "dead" not in answers:
@@ -235,6 +238,61 @@ def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[
         topic: failed[topic] if topic in failed else [groups[group] for group in sorted(groups)]
         for topic, groups in rows.items()
     }
+
+
+PENDING_HEAD = 100
+"""Pending entries of a group (per partition) read with their idle times in every observation: all of them, for
+most groups."""
+
+PENDING_SCAN_LIMIT = 10_000
+"""A group (partition) with more pending entries than :data:`PENDING_HEAD`, and at most this many, has the rest
+scanned with ``XPENDING ... IDLE`` (which walks its whole pending list: about 0.2 ms per 1,000 entries). Above it,
+``oldest_pending_idle_seconds`` is the longest idle of the first :data:`PENDING_HEAD` only (a lower bound)."""
+
+
+def _longest_idle(
+    client: Any, groups: list[tuple[TopicKeys, dict[str, Any], dict[str, Any]]], failed: dict[str, Exception]
+) -> dict[int, int]:
+    """Index in ``groups`` -> the longest idle time (ms) of the group's pending entries on that partition.
+
+    Entries are delivered in id order, but a claim (``XAUTOCLAIM``, ``XCLAIM``) or a read of a consumer's own
+    history delivers one again, so the longest idle is not the lowest id's. The first :data:`PENDING_HEAD` entries
+    come with their idle times (``answers["head"]``); a group with more pending has the rest read with ``XPENDING
+    <stream> <group> IDLE <longest so far + 1> (<last id read> + COUNT`` until a page comes back short: only entries
+    idle longer than any seen come back, and each page goes on from where the last ended (one walk of the list)."""
+    longest: dict[int, int] = {}
+    # index -> (the id the next read starts after, the idle time (ms) it asks more than)
+    scans: dict[int, tuple[str, int]] = {}
+    for index, (_, info, answers) in enumerate(groups):
+        head = answers.get("head")
+        if not head:
+            continue
+        longest[index] = max(int(entry["time_since_delivered"]) for entry in head)
+        if len(head) == PENDING_HEAD < int(info.get("pending") or 0) <= PENDING_SCAN_LIMIT:
+            scans[index] = (entries.text(head[-1]["message_id"]) or "", longest[index])
+
+    def queue_scan(pipe: Any, scan: tuple[int, tuple[str, int]]) -> int:
+        index, (after, idle) = scan
+        keys, info, _ = groups[index]
+        pipe.xpending_range(
+            keys.topic_stream, _group_name(info), min=f"({after}", max="+", count=PENDING_HEAD, idle=idle + 1
+        )
+        return 1
+
+    while scans:
+        order = list(scans.items())
+        next_scans: dict[int, tuple[str, int]] = {}
+        for (index, _), replies in zip(order, pipeline_each(client, order, queue_scan), strict=True):
+            page = replies if isinstance(replies, Exception) else replies[0]
+            if isinstance(page, Exception):
+                failed.setdefault(groups[index][0].topic, page)
+                continue
+            if page:
+                longest[index] = max(longest[index], *(int(entry["time_since_delivered"]) for entry in page))
+            if len(page) == PENDING_HEAD:
+                next_scans[index] = (entries.text(page[-1]["message_id"]) or "", longest[index])
+        scans = next_scans
+    return longest
 
 
 def status(client: Any, live_seconds: float) -> dict[str, Any]:
@@ -416,6 +474,13 @@ def find_dead_transaction(client: Any, transaction_id: str, topic: str | None = 
     if not transaction_id:
         raise TransactionNotFoundError(
             "give a transaction id (or a prefix of one); list them with `txmq dead list`",
+            topic=topic or "",
+            transaction_id=transaction_id,
+        )
+    if not transaction_id.isascii():  # ids are hex: this names none (nor reaches Redis: it may not encode)
+        raise TransactionNotFoundError(
+            f"transaction {transaction_id!r}: transaction ids are hex digits (with '.<index>' for a message of a "
+            "transaction of several); list them with `txmq dead list`",
             topic=topic or "",
             transaction_id=transaction_id,
         )

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from checker import Checker
 from redis_txmq import Message, Settings, TransactionProducer
+from redis_txmq.admin import registered_topics
 from redis_txmq.embedded import free_port
 
 from .helpers import wait_until
@@ -57,3 +58,33 @@ def test_metrics_carry_the_names_and_labels_the_readme_lists(real_client):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         served = samples(response.read().decode())
     assert served[("txmq_check_commits_total", topic)] == 1
+
+
+def test_a_checker_that_never_got_an_answer_exports_its_answer_counters_at_zero(real_client):
+    """``rate()`` and ``increase()`` see nothing of a series that does not exist: a checker whose check requests
+    nobody answers must still export ``txmq_check_replies_total`` (at 0, per state) beside its requests sent, and
+    the requests' counter of a known producer group from 0 before its first request."""
+    settings = Settings(transaction_timeout=0.2, check_interval=0.3, heartbeat_interval=0.5, check_max=100)
+    with TransactionProducer(GROUP, ByBody(), client=real_client, settings=settings) as producer:
+        producer.send_message_in_transaction(Message(TOPIC, b"lost"), UNKNOWN)
+    checker = Checker(real_client, settings, scan_interval=0.05)
+    exposed = samples(generate_latest(checker.metrics.registry).decode())
+    for state in ("COMMIT", "ROLLBACK", "UNKNOWN"):
+        assert exposed[("txmq_check_replies_total", (("state", state),))] == 0
+    checker.metrics.observer.observe(real_client, registered_topics(real_client), force=True)  # what a round does
+    assert (
+        samples(generate_latest(checker.metrics.registry).decode())[("txmq_checks_sent_total", (("group", GROUP),))]
+        == 0
+    )
+    with running(checker):
+        wait_until(lambda: checker.metrics.checks_sent.labels(GROUP)._value.get() >= 2, 30)
+    port = free_port()
+    server = checker.metrics.serve(port, addr="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            served = samples(response.read().decode())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert served[("txmq_checks_sent_total", (("group", GROUP),))] >= 2
+    assert {served[("txmq_check_replies_total", (("state", s),))] for s in ("COMMIT", "ROLLBACK", "UNKNOWN")} == {0}

@@ -198,3 +198,47 @@ def test_lag_on_a_cluster_reads_each_partition_on_its_master(cluster, cluster_ur
     assert out.exit_code == 0, out.output
     (row,) = [r for r in json.loads(out.output)["consumer_groups"] if r["group"] == "billing"]
     assert row["undelivered"] == 30 - delivered
+
+
+def pending_ids(client, topic: str, group: str) -> list[bytes]:
+    return [entry["message_id"] for entry in client.xpending_range(topic, group, "-", "+", 1000)]
+
+
+def test_the_oldest_pending_is_the_longest_idle_not_the_lowest_id(real_client):
+    """A delivery is not in id order once entries are claimed again: the lowest id, claimed a moment ago, is the
+    youngest delivery, while an entry after it has been held for long (a hung handler). The figure is the longest
+    idle time of the group's pending entries, beyond the first hundred too."""
+    commit_messages(real_client, "held", count=3)
+    real_client.xgroup_create("held", "billing", id="0")
+    real_client.xreadgroup("billing", "hung", {"held": ">"})
+    first, second, third = pending_ids(real_client, "held", "billing")
+    real_client.xclaim("held", "billing", "hung", 0, [second], idle=500_000)  # held for 500 s
+    real_client.xclaim("held", "billing", "other", 0, [first], idle=1_000)  # claimed again 1 s ago
+    real_client.xclaim("held", "billing", "hung", 0, [third], idle=2_000)
+    idle = lag_rows(real_client)[("held", "billing")]["oldest_pending_idle_seconds"]
+    assert 500 <= idle < 600
+
+    metrics = CheckerMetrics(observe_interval=3600)
+    Checker(real_client, SETTINGS, metrics=metrics).run_round()
+    assert (
+        500
+        <= samples(metrics)[("txmq_consumer_oldest_pending_idle_seconds", (("group", "billing"), ("topic", "held")))]
+        < 600
+    )
+
+
+def test_the_longest_idle_is_found_past_the_first_hundred_pending(real_client):
+    """150 pending: the first hundred claimed again just now, the last fifty delivered earlier and held since."""
+    commit_messages(real_client, "piled", count=150)
+    real_client.xgroup_create("piled", "billing", id="0")
+    real_client.xreadgroup("billing", "hung", {"piled": ">"})
+    ids = pending_ids(real_client, "piled", "billing")
+    assert len(ids) == 150
+
+    def held_for() -> float:
+        return min(e["time_since_delivered"] for e in real_client.xpending_range("piled", "billing", "-", "+", 200))
+
+    wait_until(lambda: held_for() >= 300)
+    held = held_for() / 1000
+    real_client.xclaim("piled", "billing", "other", 0, ids[:100])  # idle back to 0
+    assert lag_rows(real_client)[("piled", "billing")]["oldest_pending_idle_seconds"] >= held
