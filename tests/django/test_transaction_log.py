@@ -222,19 +222,26 @@ def test_the_async_checker_answers_on_a_thread_of_its_own(django_database: str) 
 
 def test_handles_with_the_log_end_to_end(django_database: str, real_client: Any, redis_url: str) -> None:
     """Three transactions through handles, the log written in each local transaction: the first commits normally;
-    the second's block is interrupted after its database commit, before its end call (the check-back finds the row:
-    COMMIT); the third's before its database commit (the check fences it: ROLLBACK). The topic ends with the first
-    two, each once, and nothing in flight."""
+    the second's block is interrupted after its database commit (its row committed: the handle commits); the
+    third's before its database commit (its row rolled back with it: the handle rolls back). A fourth, recorded by
+    its transaction id (not followed), is interrupted after its commit and left to the check-back, which finds the
+    row: COMMIT. The topic ends with the first, second and fourth, each once, and nothing in flight."""
     log = log_on(django_database)
     handles: list[Any] = []  # alive, as in a process that goes on: the log knows their blocks ended
     with TransactionProducer("order_group", checker=log.checker(), redis_url=redis_url, settings=CHECK_NOW) as p:
 
-        def place(body: bytes, *, interrupt_after_commit: bool = False, interrupt_before_commit: bool = False) -> Any:
+        def place(
+            body: bytes,
+            *,
+            interrupt_after_commit: bool = False,
+            interrupt_before_commit: bool = False,
+            by_id: bool = False,
+        ) -> Any:
             tx = p.transaction(Message("orders", body))
             handles.append(tx)
             with tx:
                 with transaction.atomic(using=django_database):
-                    log.record(tx)
+                    log.record(tx.transaction_id if by_id else tx)
                     if interrupt_before_commit:
                         raise KeyboardInterrupt
                 if interrupt_after_commit:
@@ -246,14 +253,17 @@ def test_handles_with_the_log_end_to_end(django_database: str, real_client: Any,
             place(b"2", interrupt_after_commit=True)
         with pytest.raises(KeyboardInterrupt):
             place(b"3", interrupt_before_commit=True)
-        first, second, third = handles
-        assert real_client.hlen(KEYS.inflight) == 2, "the two interrupted ones are left to the check-back"
+        assert real_client.hlen(KEYS.inflight) == 0, "the handles knew where their rows stood"
+        with pytest.raises(KeyboardInterrupt):
+            place(b"4", interrupt_after_commit=True, by_id=True)
+        first, second, third, fourth = handles
+        assert real_client.hlen(KEYS.inflight) == 1, "the one recorded by its id is left to the check-back"
 
         checker = Checker(real_client, CHECK_NOW)
         wait_until(lambda: checker.run_round() is not None and real_client.hlen(KEYS.inflight) == 0, timeout=20)
     published = [fields[b"transaction_id"].decode() for _, fields in real_client.xrange(KEYS.topic_stream)]
-    assert sorted(published) == sorted([first.transaction_id, second.transaction_id])
-    assert state_of(django_database, third.transaction_id) == "ROLLBACK", "the third was fenced"
+    assert sorted(published) == sorted([first.transaction_id, second.transaction_id, fourth.transaction_id])
+    assert third.result.local_transaction_state is ROLLBACK and state_of(django_database, third.transaction_id) is None
 
 
 def test_a_transaction_of_several_messages_open_in_this_process_is_not_fenced(
