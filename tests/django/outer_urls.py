@@ -87,7 +87,14 @@ def example(request: HttpRequest) -> JsonResponse:
     return _answer(request, placed.transaction_id)
 
 
+def _example_async() -> Any:
+    from orders.views import place_order_async
+
+    return place_order_async
+
+
 urlpatterns = [
+    path("async/orders", _example_async()),
     path("handle/<int:order_id>", handle),
     path("several/<int:order_id>", several),
     path("listener/<int:order_id>", listener),

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, transaction
-from django.test import Client
+from django.test import AsyncClient, Client
 from orders import txmq as example_txmq
 from orders.models import Order
 
@@ -151,6 +151,28 @@ def test_the_examples_own_view_under_atomic_requests(
         assert published(real_client, second) == 0
     finally:
         example_txmq.shutdown_producer()
+
+
+def test_the_examples_async_view_runs_beside_atomic_requests(
+    django_database: str, real_client: Any, txmq_redis: str, atomic_requests: Client
+) -> None:
+    """Django refuses an async view under ATOMIC_REQUESTS unless it is marked ``non_atomic_requests`` (the
+    example's is): through Django's AsyncClient its order is saved and published once."""
+    if django_database != "default":
+        pytest.skip("the example's service uses the default database")
+
+    async def scenario() -> Any:
+        try:
+            return await AsyncClient().post(
+                "/async/orders", {"id": 9, "customer": "ada", "amount": 5}, content_type="application/json"
+            )
+        finally:
+            await example_txmq.shutdown_async_producer()
+
+    response = asyncio.run(scenario())
+    assert response.status_code == 201, response.content
+    assert published(real_client, response.json()["transaction_id"]) == 1
+    assert Order.objects.filter(order_id=9).exists()
 
 
 def test_a_block_that_raises_after_its_database_commit_still_commits(

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from django.db import transaction
 from django.http import HttpRequest, HttpResponseNotAllowed, JsonResponse
 
 from redis_txmq import TxMQConnectionError
@@ -51,6 +52,7 @@ def place_order(request: HttpRequest) -> Any:
         return JsonResponse({"detail": "cannot publish orders now; nothing was saved, retry later"}, status=503)
 
 
+@transaction.non_atomic_requests  # Django refuses an async view under ATOMIC_REQUESTS; its blocks are its own
 async def place_order_async(request: HttpRequest) -> Any:
     if request.method != "POST":  # (Django's method decorators take async views from 5.0 on only)
         return HttpResponseNotAllowed(["POST"])
