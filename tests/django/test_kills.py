@@ -44,9 +44,9 @@ def environment(alias: str, redis_url: str, kill_at: int = -1) -> dict[str, str]
     }
 
 
-def producer(alias: str, redis_url: str, kill_at: int = -1) -> subprocess.Popen[str]:
+def producer(alias: str, redis_url: str, kill_at: int = -1, request: str = "") -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.django.service", "producer", str(kill_at)],
+        [sys.executable, "-m", "tests.django.service", "producer", str(kill_at), *([request] if request else [])],
         cwd=ROOT,
         env=environment(alias, redis_url),
         stdout=subprocess.PIPE,
@@ -110,3 +110,40 @@ def test_kills_between_database_commit_and_end_call_and_between_commit_and_ack(
     assert sorted(placed) == list(range(1, ORDERS + 1))
     assert published == {tx: 1 for tx in placed.values()}, "each committed order published once"
     assert billed == {order_id: 1 for order_id in range(1, ORDERS + 1)}, "each order billed once, the redelivered too"
+
+
+def test_kills_around_the_commit_of_the_request_that_holds_the_log_row(
+    django_database: str, real_client: Any, redis_url: str
+) -> None:
+    """Each order placed inside a request's transaction (``ATOMIC_REQUESTS``): the handle's COMMIT waits for the
+    outer commit. Killed after the outer commit, before that COMMIT: the check-back publishes the order. Killed
+    after the handle's block, before the outer commit: the order rolls back with the process, the check-back fences
+    and rolls back its message, and the order placed again by the next process is published once."""
+    alias = django_database
+    running: list[subprocess.Popen[str]] = []
+    try:
+        dies = producer(alias, redis_url, kill_at=3, request="request-after")
+        assert dies.wait(60) == -9, output(dies)
+        assert Order.objects.using(alias).count() == 3, "order 3 committed in the database before the kill"
+        dies = producer(alias, redis_url, kill_at=6, request="request-before")
+        assert dies.wait(60) == -9, output(dies)
+        assert Order.objects.using(alias).count() == 5, "order 6 rolled back with its process"
+        running.append(producer(alias, redis_url, request="request-before"))  # places the rest, answers
+        assert running[0].stdout is not None and "placed" in running[0].stdout.readline()
+        checker = Checker(real_client, SETTINGS)
+        wait_until(
+            lambda: (
+                checker.run_round() is not None
+                and real_client.xlen("orders") == ORDERS
+                and real_client.hlen(TopicKeys("orders").inflight) == 0
+            ),
+            timeout=30,
+        )
+    finally:
+        for process in running:
+            process.kill()
+            process.wait(10)
+    placed = dict(Order.objects.using(alias).values_list("order_id", "transaction_id"))
+    published = collections.Counter(fields[b"transaction_id"].decode() for _, fields in real_client.xrange("orders"))
+    assert sorted(placed) == list(range(1, ORDERS + 1))
+    assert published == {tx: 1 for tx in placed.values()}, "each committed order published once, nothing else"
