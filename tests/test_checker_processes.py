@@ -78,11 +78,17 @@ class CheckerProcess:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def terminate(self, timeout: float = 10.0) -> tuple[int, float]:
-        """SIGTERM; returns the exit status and how long it took to exit."""
+    def terminate(self, grace: float = 30.0) -> tuple[int, float]:
+        """Stop it as an orchestrator does: SIGTERM, then SIGKILL once ``grace`` (Kubernetes' default
+        ``terminationGracePeriodSeconds``, 30 s) has passed; returns the exit status (-9 when it had to be killed)
+        and how long it took."""
         started = time.monotonic()
         self.process.send_signal(signal.SIGTERM)
-        status = self.process.wait(timeout)
+        try:
+            status = self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            status = self.process.wait(10)
         return status, time.monotonic() - started
 
     def kill(self) -> None:
@@ -417,8 +423,7 @@ def test_sigterm_mid_work_exits_zero_and_a_second_checker_finishes(real_client, 
         status, took = first.terminate()
         left_in_flight = real_client.hlen(keys.inflight)
         print(f"\n[SIGTERM] checker exited with {status} after {took:.2f} s; {left_in_flight} of 60 left in flight")
-        assert status == 0, first.output()
-        assert took < 5, f"SIGTERM took {took:.2f} s"
+        assert status == 0, f"not stopped within the grace period, killed: {first.output()}"
         assert f"checker {instance} stopped" in " ".join(first.output().split())
         assert real_client.zscore(CHECKER_INSTANCES, instance) is None, "a stopped checker leaves the live set"
         assert left_in_flight > 0, "the SIGTERM came after the work was done: the test proved nothing"
