@@ -131,7 +131,11 @@ def after_outer_commit(waiting: tuple[RowWatch, ...], commit: Callable[[], None]
     done = threading.Lock()
 
     def once() -> None:
-        if done.acquire(blocking=False):
+        if not done.acquire(blocking=False):
+            return
+        try:
             commit()
+        except Exception:  # noqa: BLE001 - runs inside the host's commit, after its data committed: never fail it
+            logger.exception("the COMMIT after the outer database commit failed; the check-back will publish it")
 
     return any([watch.when_committed(once) for watch in waiting])

@@ -36,7 +36,6 @@ class SessionWatch:
     outermost transaction, and the session's events about them."""
 
     def __init__(self, session: Session) -> None:
-        self._session = session
         chain = []
         current = session.get_nested_transaction() or session.get_transaction()
         while current is not None:
