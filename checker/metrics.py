@@ -182,6 +182,10 @@ class CheckerMetrics:
         """The gauges of topics, consumer groups and masters, when due (:class:`checker.observe.Observer`)."""
         self.observer.observe(client, topics)
 
+    def observe_masters(self, client: Any) -> None:
+        """``txmq_redis_master_up`` alone, when due: what the loop still measures while its scan cannot run."""
+        self.observer.observe_masters(client)
+
     # ------------------------------------------------------------------------------------ served
 
     def app(self) -> WSGIApp:

@@ -44,6 +44,7 @@ class Observer:
         self.interval = interval
         self._clock = clock
         self._next = 0.0
+        self._next_masters = 0.0
         self._topics: set[str] = set()
         self._groups: set[tuple[str, str]] = set()
         self._masters: set[str] = set()
@@ -57,6 +58,17 @@ class Observer:
         self._next = now + max(self.interval, len(topics) / TOPICS_PER_SECOND)
         self._observe_topics(client, topics)
         self._observe_producer_groups(client)
+        self.observe_masters(client, force=True)
+        return True
+
+    def observe_masters(self, client: Any, force: bool = False) -> bool:
+        """``txmq_redis_master_up`` alone, if ``interval`` has passed since the masters were last pinged (or
+        ``force``); True if it did. The checker's loop calls it while its scan cannot run (Redis away), when
+        :meth:`observe` is not reached: a single server that is down shows as down."""
+        now = self._clock()
+        if not force and now < self._next_masters:
+            return False
+        self._next_masters = now + self.interval
         self._observe_masters(client)
         return True
 

@@ -198,6 +198,10 @@ class Checker:
                 block_ms = int(max(0.0, min(next_scan - time.monotonic(), 1.0)) * 1000)
                 replies_ok = self._guarded("replies", functools.partial(self.process_replies, block_ms)) is not _FAILED
                 healthy &= replies_ok
+                if not healthy:
+                    # the scan observes the masters; while Redis is away it does not run (or fails before): PING
+                    # them here, so that txmq_redis_master_up says so
+                    self.metrics.observe_masters(self.client)
                 self.metrics.round_done()
                 if healthy:
                     backoff.reset()
@@ -222,6 +226,7 @@ class Checker:
                 logger.warning("%s; retrying in %.1f s", exc, delay)
                 self.metrics.errors.labels("start").inc()
                 self.metrics.step_failed("start", exc)
+                self.metrics.observe_masters(self.client)
                 self.metrics.round_done()
                 if stop.wait(delay):
                     return False
