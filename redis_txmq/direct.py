@@ -40,7 +40,7 @@ from redis.exceptions import (
 from redis.sentinel import SentinelConnectionPool
 
 from . import wire
-from .batching import ScriptCall, batch_scripts, coalesce, spread
+from .batching import ScriptCall, batch_scripts, coalesce, spread, unsendable
 from .connection import REDIRECTIONS, hiredis_packer
 from .durability import Durability
 from .errors import DurabilityError
@@ -96,6 +96,9 @@ class ScriptRunner:
         if not self._direct:
             if self._cluster:
                 return self._run_on_node(script, keys, args)
+            refused = unsendable(keys, args)  # as the direct path's wire refuses it: alone, with its own error
+            if refused is not None:
+                raise refused
             if self.durability is None:
                 return script(keys=keys, args=args)
             return self._run_pipeline([(script, keys, args)], raise_on_error=True)[0]
@@ -252,14 +255,19 @@ class ScriptRunner:
     @staticmethod
     def _pipeline(client: Any, calls: Sequence[ScriptCall], durability: Durability | None) -> tuple[list[Any], Any]:
         """The replies, and the confirmation's reply (None without a durability level or when it cannot count:
-        the calls NOSCRIPT refused went out on another pipeline, which may be another connection)."""
+        the calls NOSCRIPT refused went out on another pipeline, which may be another connection). A call that
+        cannot be sent is left out, its error in its reply's place: redis-py packs the pipeline at once."""
+        refused = [unsendable(keys, args) for _, keys, args in calls]
         pipe = client.pipeline(transaction=False)
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        for (script, keys, args), error in zip(calls, refused, strict=True):
+            if error is None:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
         if durability is not None:
             pipe.execute_command(*durability.command)
-        replies = pipe.execute(raise_on_error=False)
-        confirmation = replies.pop() if durability is not None else None
+        sent = pipe.execute(raise_on_error=False)
+        confirmation = sent.pop() if durability is not None else None
+        answered = iter(sent)
+        replies: list[Any] = [next(answered) if error is None else error for error in refused]
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
             pipe = client.pipeline(transaction=False)

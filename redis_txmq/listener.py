@@ -7,11 +7,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .message import LocalTransactionState, Message
+from .message import LocalTransactionState, Message, exception_text, remark_text
 
 logger = logging.getLogger(__name__)
-
-REMARK_LIMIT = 1024
 
 
 class TransactionListener(abc.ABC):
@@ -45,7 +43,7 @@ def local_state(
 def state_of_error(exc: Exception, message: Message, what: str) -> tuple[LocalTransactionState, str]:
     """A listener method raised: UNKNOWN, logged with the transaction id, the exception kept as the remark."""
     logger.error("tx=%s topic=%s %s raised; state UNKNOWN", message.transaction_id, message.topic, what, exc_info=exc)
-    return LocalTransactionState.UNKNOWN, f"{what} raised {type(exc).__name__}: {exc}"[:REMARK_LIMIT]
+    return LocalTransactionState.UNKNOWN, remark_text(f"{what} raised {exception_text(exc)}")
 
 
 def state_of_answer(answer: Any, message: Message, what: str) -> tuple[LocalTransactionState, str | None]:
@@ -58,4 +56,12 @@ def state_of_answer(answer: Any, message: Message, what: str) -> tuple[LocalTran
         logger.error(
             "tx=%s topic=%s %s returned %r; state UNKNOWN", message.transaction_id, message.topic, what, answer
         )
-        return LocalTransactionState.UNKNOWN, f"{what} returned {answer!r}"[:REMARK_LIMIT]
+        return LocalTransactionState.UNKNOWN, remark_text(f"{what} returned {_answer_text(answer)}")
+
+
+def _answer_text(answer: Any) -> str:
+    """``repr`` of an answer that is not a state; a ``__repr__`` that raises names the type instead."""
+    try:
+        return repr(answer)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not escape the listener's contract
+        return f"a {type(answer).__name__}"

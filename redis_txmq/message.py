@@ -75,6 +75,33 @@ def validate_name(name: object, what: str) -> str:
     return name
 
 
+REMARK_LIMIT = 1024
+"""The most characters a remark keeps (the op record, the remarks hash, a send result): an exception's text can be
+of any length."""
+
+
+def remark_text(text: str) -> str:
+    """``text`` as a remark Redis can always take: at most :data:`REMARK_LIMIT` characters, and every character
+    UTF-8 cannot encode (a lone surrogate, as a file name or an argv decoded with ``surrogateescape`` holds) written
+    as its escape (``\\udcff``). A remark is made from foreign text (an exception's, an operator's): that text must
+    never be what fails the end it goes with, nor the other calls of the same write."""
+    text = text[:REMARK_LIMIT]
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")[:REMARK_LIMIT]
+    return text
+
+
+def exception_text(exc: BaseException) -> str:
+    """``Name: text`` of an exception (``Name`` alone when its text is empty) for a remark; an exception whose
+    ``__str__`` itself raises is named without its text instead of replacing the exception being described."""
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the exception it belongs to
+        return f"{name} (its text could not be read)"
+    return f"{name}: {text}" if text else name
+
+
 def _is_utf8(text: str) -> bool:
     """Redis receives str as UTF-8, which a lone surrogate (``"\\ud800"``) cannot be: refuse it before any write.
     Callers test ``str.isascii()`` first, which is instant, and call this for the rest."""

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from . import entries
+from .batching import UnsendableCallError
 from .config import Settings
 from .errors import (
     CorruptEntryError,
@@ -28,7 +29,7 @@ from .errors import (
     TxMQError,
 )
 from .keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, TopicKeys
-from .message import LocalTransactionState, Message
+from .message import LocalTransactionState, Message, remark_text
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +261,11 @@ def records_read(transaction_ids: list[str], replies: list[Any]) -> dict[str, Tr
 
 
 def prepare_call_error(exc: Exception, message: Message, transaction_id: str) -> PrepareError:
+    if isinstance(exc, UnsendableCallError):
+        return PrepareError(
+            f"topic {message.topic!r}, transaction {transaction_id}: the half message cannot be sent ({exc}); "
+            "nothing was written and the local transaction was not run: fix the message's text"
+        )
     return PrepareError(
         f"topic {message.topic!r}, transaction {transaction_id}: could not write the half message "
         f"({exc}); the local transaction was not run, retry the send"
@@ -311,13 +317,15 @@ def prepare_result(reply: Any, message: Message, transaction_id: str) -> Prepare
 
 
 def end_args(end: EndCall, settings: Settings) -> list[Any]:
-    """ARGV of ``lua/end_transaction.lua``."""
+    """ARGV of ``lua/end_transaction.lua``. The remark is free text from anywhere (an exception's, a caller's of
+    :meth:`~redis_txmq.broker.RedisBroker.end_transaction`): sent as :func:`~redis_txmq.message.remark_text` makes
+    it, so that it never keeps the end from being applied."""
     return [
         end.transaction_id,
         end.producer_group,
         LocalTransactionState(end.outcome).value,
         end.source.value,
-        end.remark or "",
+        remark_text(end.remark) if end.remark else "",
         int(settings.dedupe_window * 1000),
         settings.op_stream_maxlen,
         end.half_id or "",
@@ -360,13 +368,13 @@ def queue_drop_check_requests(pipe: Any, requests: list[tuple[str, str]]) -> Non
 
 
 def dead_resolve_args(transaction_id: str, action: DeadAction, remark: str, settings: Settings) -> list[Any]:
-    """ARGV of ``lua/dead_resolve.lua``."""
+    """ARGV of ``lua/dead_resolve.lua``; the operator's remark as :func:`~redis_txmq.message.remark_text` makes it."""
     return [
         transaction_id,
         DeadAction(action).value,
         int(settings.dedupe_window * 1000),
         settings.op_stream_maxlen,
-        remark,
+        remark_text(remark) if remark else "",
     ]
 
 
@@ -476,6 +484,11 @@ def script_call_error(exc: Exception, keys: TopicKeys, what: str, transaction_id
 
 def end_call_error(exc: Exception, keys: TopicKeys, transaction_id: str) -> TxMQError:
     where = f"topic {keys.topic!r}, transaction {transaction_id}"
+    if isinstance(exc, UnsendableCallError):
+        return TxMQError(
+            f"{where}: the end call cannot be sent ({exc}); the transaction is still in flight: the check-back "
+            "resolves it"
+        )
     if isinstance(exc, redis.ResponseError):
         return TxMQError(f"{where}: the end script failed ({exc}); the transaction is still in flight")
     return TxMQConnectionError(f"{where}: end call failed ({exc}); the check-back will resolve it")

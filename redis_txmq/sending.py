@@ -11,7 +11,15 @@ from . import tracing
 from .errors import ConfigurationError, InvalidMessageError, PrepareError, ProducerStateError, TxMQError
 from .keys import TopicKeys
 from .listener import TransactionListener
-from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult, time_of_entry_id
+from .message import (
+    LocalTransactionState,
+    Message,
+    SendStatus,
+    TransactionSendResult,
+    exception_text,
+    remark_text,
+    time_of_entry_id,
+)
 from .protocol import EndCall, EndResult, EndSource, PrepareResult, TransactionRecord, message_index
 from .tracing import SendTrace
 
@@ -115,14 +123,17 @@ def outcome_of_block(
     ROLLBACK when it raised an exception (named in the remark), UNKNOWN (the check-back asks the listener) when it
     was cancelled or interrupted (``CancelledError``, ``KeyboardInterrupt``...) or raised a database error that
     lost its connection (SQLAlchemy's ``connection_invalidated``: a COMMIT under way may have been applied): the
-    local transaction may have committed, never guess."""
+    local transaction may have committed, never guess. The remark is made sendable whatever the exception's text
+    (:func:`~redis_txmq.message.remark_text`): the end is applied and the block's own exception goes on."""
     if exc_type is None:
         return LocalTransactionState.COMMIT, None
     if not issubclass(exc_type, Exception):
         return LocalTransactionState.UNKNOWN, None
     if getattr(exc, "connection_invalidated", False) is True:
-        return LocalTransactionState.UNKNOWN, f"the block lost its database connection ({exc_type.__name__})"
-    return LocalTransactionState.ROLLBACK, f"the block raised {exc_type.__name__}: {exc}"
+        lost = f"the block lost its database connection ({exc_type.__name__})"
+        return LocalTransactionState.UNKNOWN, remark_text(lost)
+    described = exception_text(exc) if exc is not None else exc_type.__name__
+    return LocalTransactionState.ROLLBACK, remark_text(f"the block raised {described}")
 
 
 class HandleState:

@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from .batching import ScriptCall
+from .batching import PACKING_ERRORS, ScriptCall, unsendable_error
 from .connection import pack_commands
 from .durability import Durability
 
@@ -36,21 +36,43 @@ def exchange(
     connect_first: bool = False,
 ) -> tuple[list[Any], Any]:
     """Write every command at once (and the durability command), then read each reply: a refused command's error
-    takes its reply's place. Returns the replies and the confirmation's reply (None without a durability level; its
-    error, if the server refused it). ``connect_first``: redis-py reconnects lazily in ``send_packed_command``, past
-    the override by which a Sentinel-managed connection asks the Sentinels for the master."""
+    takes its reply's place, and so does the :class:`~redis_txmq.batching.UnsendableCallError` of a command that
+    cannot be packed (an argument UTF-8 cannot encode), which is left out of the write: one caller's bad text never
+    fails the others' commands. Returns the replies and the confirmation's reply (None without a durability level;
+    its error, if the server refused it). ``connect_first``: redis-py reconnects lazily in ``send_packed_command``,
+    past the override by which a Sentinel-managed connection asks the Sentinels for the master."""
     if connect_first:
         conn.connect()
     written = [*commands, durability.command] if durability is not None else commands
-    conn.send_packed_command([pack_commands(conn, pack, written)])
+    try:
+        packed, refused = pack_commands(conn, pack, written), None
+    except PACKING_ERRORS:
+        packed, refused = _pack_each(conn, pack, written)
+    if packed:
+        conn.send_packed_command([packed])
     replies: list[Any] = []
-    for _ in written:
+    for i in range(len(written)):
+        if refused is not None and i in refused:
+            replies.append(refused[i])
+            continue
         try:
             replies.append(conn.read_response())
         except redis.ResponseError as exc:
             replies.append(exc)
     confirmation = replies.pop() if durability is not None else None
     return replies, confirmation
+
+
+def _pack_each(conn: Any, pack: Packer, commands: Sequence[Sequence[Any]]) -> tuple[bytes, dict[int, Exception]]:
+    """The commands that can be packed, as one write, and the error of each that cannot (by its index)."""
+    packed: list[bytes] = []
+    refused: dict[int, Exception] = {}
+    for i, command in enumerate(commands):
+        try:
+            packed.append(pack_commands(conn, pack, [command]))
+        except PACKING_ERRORS as exc:
+            refused[i] = unsendable_error(exc)
+    return b"".join(packed), refused
 
 
 def exchange_with_retry(

@@ -3,7 +3,9 @@
 Every call made while a pipeline is being sent (or in the same turn of the event loop) waits in the queue and goes
 out with the next one, up to ``max_batch`` calls: one write, one read, one connection checkout for all of them
 instead of one each. Each script is still atomic on its own (a plain pipeline, not MULTI), and each caller gets its
-own reply or its own error. A caller cancelled while its call is still queued takes it out: nothing is sent for it.
+own reply or its own error; a call whose arguments cannot be sent (a ``str`` UTF-8 cannot encode) is left out of
+the write and fails alone with :class:`~redis_txmq.batching.UnsendableCallError`, the others go through. A caller
+cancelled while its call is still queued takes it out: nothing is sent for it.
 Used on a standalone Redis only: redis-py's cluster pipelines refuse EVALSHA.
 
 Prepares (``lua/prepare_half.lua``) and ends (``lua/end_transaction.lua``) of transactions in one pipeline with the
@@ -41,7 +43,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.sentinel
 
-from ..batching import MAX_PER_BATCH_CALL, ScriptCall, batch_scripts, coalesce, spread
+from ..batching import MAX_PER_BATCH_CALL, ScriptCall, batch_scripts, coalesce, spread, unsendable
 from ..connection import REDIRECTIONS, REDIS_ERRORS, connection_errors, hiredis_packer, is_async_cluster
 from ..durability import Durability
 from ..errors import DurabilityError
@@ -118,18 +120,10 @@ class ScriptLane:
     async def _send(self, batch: list[_Call]) -> None:
         try:
             calls, spans = self._coalesce(batch)
-            # `async with`: redis-py gives the connection back to the pool even when the SCRIPT EXISTS it sends
-            # before the pipeline fails (without it, each connection error there leaked one pooled connection)
             if self._pool is not None:
                 wire_replies, confirmation = await self._exchange_checked_out(calls)
             else:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    for script, keys, args in calls:
-                        await script(keys=keys, args=args, client=pipe)
-                    if self.durability is not None:
-                        pipe.execute_command(*self.durability.command)
-                    wire_replies = await pipe.execute(raise_on_error=False)
-                confirmation = wire_replies.pop() if self.durability is not None else None
+                wire_replies, confirmation = await self._exchange_pipelined(calls)
             replies = wire_replies if spans is None else spread(wire_replies, spans, len(batch))
         except Exception as exc:  # noqa: BLE001 - a connection error or a fault here: each caller learns it
             for *_, future in batch:
@@ -152,6 +146,25 @@ class ScriptLane:
                 future.set_exception(unconfirmed.error(confirmation, [reply]))
             else:
                 future.set_result(reply)
+
+    async def _exchange_pipelined(self, calls: list[ScriptCall]) -> tuple[list[Any], Any]:
+        """Through redis-py's pipeline, which packs every command at once: a call that cannot be sent is left out
+        first, its error in its reply's place (the wire does the same on the direct path)."""
+        replies: list[Any] = [unsendable(keys, args) for _, keys, args in calls]
+        # `async with`: redis-py gives the connection back to the pool even when the SCRIPT EXISTS it sends
+        # before the pipeline fails (without it, each connection error there leaked one pooled connection)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for (script, keys, args), refused in zip(calls, replies, strict=True):
+                if refused is None:
+                    await script(keys=keys, args=args, client=pipe)
+            if self.durability is not None:
+                pipe.execute_command(*self.durability.command)
+            sent = iter(await pipe.execute(raise_on_error=False))
+        confirmation = None
+        replies = [next(sent) if refused is None else refused for refused in replies]
+        if self.durability is not None:
+            confirmation = next(sent)
+        return replies, confirmation
 
     async def _exchange_checked_out(self, calls: list[ScriptCall]) -> tuple[list[Any], Any]:
         """The replies and the confirmation's reply (None when it cannot count: the batch was sent twice)."""
@@ -181,6 +194,9 @@ class AsyncScriptRunner:
         with connection_errors():
             if self._lane is not None:
                 return await self._lane.call(script, keys, args)
+            refused = unsendable(keys, args)  # as the lane's wire refuses it: alone, with its own error
+            if refused is not None:
+                raise refused
             if self.durability is None:
                 return await script(keys=keys, args=args)
             return await self._run_on_master(script, keys, args)
