@@ -470,7 +470,7 @@ def test_a_checker_whose_loop_stopped(promtool: str, real_client: redis.Redis, t
 def test_transactions_dead_lettered(promtool: str, real_client: redis.Redis, tmp_path: Path) -> None:
     """A producer answers UNKNOWN to every check: past ``check_max`` checks it read, the checker gives the
     transaction up to the dead-letter stream."""
-    settings = replace(SETTINGS, check_max=1)
+    settings = replace(SETTINGS, check_max=2)
     with TransactionProducer(GROUP, Answers(UNKNOWN), client=real_client, settings=settings) as producer:
         producer.send_message_in_transaction(Message(TOPIC, b"undecided"), UNKNOWN)
     with live_checker(real_client, settings) as live:
