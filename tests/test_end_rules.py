@@ -1,6 +1,7 @@
 """The rules of the end script that the producer alone cannot reach: an ended transaction answered to another
-group, UNKNOWN after an outcome, dead-lettered transactions prepared or ended again, and the op stream's cap.
-On a real Redis: these are the scripts' rules."""
+group, UNKNOWN after an outcome, dead-lettered transactions prepared or ended again, the op stream's cap, and the
+dedupe window's boundaries (0 and 1 ms, which only a direct caller of the script can ask for). On a real Redis:
+these are the scripts' rules."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from redis_txmq import (
 )
 from redis_txmq.broker import EndSource, RedisBroker
 from redis_txmq.keys import TopicKeys
+from redis_txmq.scripts import register_topic_script
 
 from .helpers import ScriptedListener, wait_until
 
@@ -132,3 +134,56 @@ def test_the_op_stream_keeps_its_cap(real_client, make_producer):
     newest = real_client.xrevrange(KEYS.op_stream, count=1)[0][1]
     assert newest[b"transaction_id"].decode() == results[-1].transaction_id
     assert real_client.xlen("orders") == len(results) // 2
+
+
+def _end(script, transaction_id: str, outcome: LocalTransactionState, window_ms: int, remark: str = "") -> list:
+    """``lua/end_transaction.lua`` called directly: any dedupe window the script takes, none the settings refuse."""
+    args = [transaction_id, GROUP, outcome.value, EndSource.PRODUCER.value, remark, window_ms, 1000, ""]
+    return [part.decode() if isinstance(part, bytes) else part for part in script(keys=KEYS.script_keys(), args=args)]
+
+
+@pytest.fixture
+def end_script(real_client, broker):
+    """The end script, and a transaction ``tx-w`` in flight whose check-back answered UNKNOWN with a remark (the
+    remark a transaction's dead letter would show)."""
+    broker.prepare_half(KEYS, Message("orders", b"x"), "tx-w", GROUP)
+    script = register_topic_script(real_client, "end_transaction")
+    assert _end(script, "tx-w", UNKNOWN, 60_000, remark="the database did not answer")[4] == "RECORDED"
+    assert real_client.hget(KEYS.remarks, "tx-w") == b"the database did not answer"
+    return script
+
+
+def test_a_dedupe_window_of_0_remembers_nothing_and_forgets_the_remark(real_client, end_script):
+    """A window of 0: the outcome is not remembered (a repeat is NOT_FOUND) and the transaction's remark goes with
+    its half message, since no remembered outcome would ever take it away: nothing of it is left."""
+    assert _end(end_script, "tx-w", COMMIT, 0)[:2] == ["OK", "COMMIT"]
+    assert real_client.xlen("orders") == 1
+    for key in (KEYS.ended, KEYS.remarks, KEYS.inflight):
+        assert real_client.hlen(key) == 0, key
+    assert real_client.zcard(KEYS.ended_at) == 0
+    assert _end(end_script, "tx-w", COMMIT, 0)[:2] == ["ERR", "NOT_FOUND"]
+
+
+def test_a_dedupe_window_of_1_ms_remembers_the_outcome_and_the_remark_until_it_passes(real_client, end_script):
+    """A window of 1 ms is a window: the outcome is remembered (a repeat is a DUPLICATE) and the remark stays with
+    it; once the window has passed, the next sweep forgets both."""
+    ended = _end(end_script, "tx-w", COMMIT, 1)
+    assert ended[:2] == ["OK", "COMMIT"] and ended[4] == "APPLIED"
+    assert real_client.hexists(KEYS.ended, "tx-w")
+    assert real_client.zscore(KEYS.ended_at, "tx-w") is not None
+    assert real_client.hget(KEYS.remarks, "tx-w") == b"the database did not answer"
+    again = _end(end_script, "tx-w", COMMIT, 1)
+    assert again[:2] == ["OK", "COMMIT"] and again[3:5] == [ended[3], "DUPLICATE"]
+    remembered_ms = real_client.zscore(KEYS.ended_at, "tx-w")
+    claim = register_topic_script(real_client, "claim_checks")
+
+    def swept() -> bool:
+        seconds, micros = real_client.time()
+        if seconds * 1000 + micros // 1000 <= remembered_ms + 1:
+            return False  # the window has not passed yet on the server's clock
+        claim(keys=KEYS.script_keys(), args=[0, 1000, 1, 3_600_000, 10, 1])
+        return True
+
+    wait_until(swept)
+    assert not real_client.hexists(KEYS.ended, "tx-w") and real_client.zcard(KEYS.ended_at) == 0
+    assert real_client.hlen(KEYS.remarks) == 0
