@@ -82,6 +82,9 @@ CONSUMER_COMMANDS = (
     *SCRIPTS,
     "time",
     "hget",
+    "hset",
+    "hdel",
+    "hgetall",
     "xadd",
     "xrange",
     "xack",
@@ -95,7 +98,9 @@ CONSUMER_COMMANDS = (
 )
 """A consumer's. It appends (XADD) to its group's dead-letter streams from a script whose KEYS are the topic stream
 and that dead-letter stream; Redis checks a script call's keys all against one set of permissions (a selector
-cannot hold the XADD apart), so the topic streams are writable by XADD too."""
+cannot hold the XADD apart), so the topic streams are writable by XADD too. HSET, HDEL and HGETALL are for its
+group's leases (``consumer-leases:<group>``: its heartbeat, its hand-back, the removal of gone consumers).
+XAUTOCLAIM is what consumers of releases before the leases claim with: one user serves both while you upgrade."""
 SPARK_COMMANDS = (*CONNECTION, "exists", "hget", "xlen", "xrange", "xinfo|stream")
 SPARK_WRITER_COMMANDS = (
     *CONNECTION,
@@ -185,8 +190,9 @@ def acl_rules(
         for topic in topics:
             validate_name(topic, "topic")
             keys += [f"~{topic}", f"~{topic}#*", f"%R~{PREFIX}:topic:{{{topic}}}"]
-            keys += [f"~{PREFIX}:{{{topic}}}:consumer-dead:{consumer_group}"]
-            keys += [f"~{PREFIX}:{{{topic}#*}}:consumer-dead:{consumer_group}"]
+            for companion in ("consumer-dead", "consumer-leases"):
+                keys += [f"~{PREFIX}:{{{topic}}}:{companion}:{consumer_group}"]
+                keys += [f"~{PREFIX}:{{{topic}#*}}:{companion}:{consumer_group}"]
         return ["resetkeys", *keys, "resetchannels", "-@all", *(f"+{c}" for c in CONSUMER_COMMANDS)]
     elif role == "spark-writer":
         keys = _topic_keys(topics) + list(JOBS)

@@ -16,10 +16,21 @@ from typing import Any
 
 from . import tracing
 from .connection import connection_errors
-from .consuming import SETUP_ERRORS, Command, ConsumerProtocol, Driver, Effect, Pause, Steps, T
+from .consuming import (
+    HEARTBEAT_STOP_WAIT,
+    SETUP_ERRORS,
+    Command,
+    ConsumerProtocol,
+    Driver,
+    Effect,
+    Heartbeat,
+    Pause,
+    Steps,
+    T,
+)
 from .entries import ConsumedMessage
 from .preload import preload
-from .synchronization import Event, maybe_await, refuse_coroutine_function
+from .synchronization import Event, Periodic, maybe_await, refuse_coroutine_function
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +44,13 @@ class Consumer(ConsumerProtocol):
                 consumer.ack(message)
 
     Pass ``redis_url`` or ``client`` (a ``redis.Redis`` or ``redis.cluster.RedisCluster``).
-    Unacked messages of a consumer that died are claimed by a live one after ``min_idle_time`` seconds, and the
-    dead consumer's name is then removed from the group; a message delivered more than ``max_deliveries`` times
+    A consumer holds the messages it read under a lease that a heartbeat renews every
+    ``settings.heartbeat_interval`` seconds beside the handler, however long the handler takes (on asyncio the
+    heartbeat is a task: a handler that blocks the event loop blocks it too). The unacked messages of a consumer
+    that died (its lease ran out, three intervals after its last beat) are claimed by a live one once idle
+    ``min_idle_time`` seconds, those of a consumer that stopped at once, and the gone consumer's name is then
+    removed from the group; a consumer's own unacked messages come back to it after ``min_idle_time``. A live
+    consumer's messages are never taken. A message delivered more than ``max_deliveries`` times
     moves to the group's dead-letter stream (``txmq:{<topic>}:consumer-dead:<group>``) with its reason instead of
     being delivered again. ``start_id`` is where a new group starts: ``"0"`` (default, nothing committed is missed)
     or ``"$"``; a group that Redis lost (restart without persistence, failover to a lagging replica) is created
@@ -52,6 +68,7 @@ class Consumer(ConsumerProtocol):
     _asyncio = False
     _event_type = Event
     _started = False
+    _heartbeat: Periodic | None = None
 
     def _created(self) -> None:
         """The sync consumer starts in its constructor; the asyncio one does no I/O there."""
@@ -70,6 +87,8 @@ class Consumer(ConsumerProtocol):
                 return effect.apply(self.client, self._scripts)
         if isinstance(effect, Pause):
             return self._stop.wait(effect.seconds)
+        if isinstance(effect, Heartbeat):
+            return self._switch_heartbeat(effect.running)
         message = effect.message
         with tracing.span_for(
             "process",
@@ -80,8 +99,23 @@ class Consumer(ConsumerProtocol):
         ):
             return maybe_await(effect.handler(message))
 
+    def _switch_heartbeat(self, running: bool) -> None:
+        if running:
+            if self._heartbeat is None:
+                name = f"txmq-consumer-heartbeat-{self.consumer_name}"
+                self._heartbeat = Periodic(self._beat, self.settings.heartbeat_interval, name)
+                self._heartbeat.start()
+            return
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is not None:
+            heartbeat.stop(HEARTBEAT_STOP_WAIT)
+
+    def _beat(self) -> None:
+        self._drive(self._heartbeat_steps())
+
     def start(self) -> Consumer:
-        """Read the topic's partitions, create the group on each where it is missing, load the scripts; once.
+        """Read the topic's partitions, create the group on each where it is missing, load the scripts, take the
+        lease and start its heartbeat; once.
 
         Raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis cannot be reached."""
         if self._started:
@@ -89,6 +123,7 @@ class Consumer(ConsumerProtocol):
         try:
             self._drive(self._ready_steps())
             preload(*self._scripts.values())
+            self._drive(self._lease_steps())
         except SETUP_ERRORS as exc:
             raise self._setup_error(exc) from exc
         self._started = True
@@ -130,18 +165,21 @@ class Consumer(ConsumerProtocol):
         self._drive(self._delete_group_steps())
 
     def __iter__(self) -> Iterator[ConsumedMessage]:
-        """Messages until :meth:`stop` or :meth:`close`; the caller acks each one.
+        """Messages until :meth:`stop` or :meth:`close`; the caller acks each one. Once stopped, no further message
+        is given, and those read and not given yet are handed back.
 
         A dropped connection, a restart or a failover does not end the loop: it is logged and the read is retried
         with backoff (0.1 s doubling to 5 s)."""
-        while (batch := self._drive(self._batch_steps())) is not None:
-            for message in batch:  # noqa: UP028 - `yield from` has no asyncio form
-                yield message
+        while (message := self._drive(self._next_message_steps())) is not None:
+            yield message
+        self._drive(self._release_steps())
 
     def run(self, handler: Callable[[ConsumedMessage], Any], *, max_messages: int | None = None) -> int:
         """Call ``handler`` for each message and ack it when the handler returns; a handler that raises leaves
-        the message pending for re-delivery. Returns how many were handled, when stopped or at ``max_messages``.
-        Lost connections are retried with backoff, as in iteration; so is the ack.
+        the message pending for re-delivery. Returns how many were handled, when stopped (once the message in hand
+        is handled; the rest of the batch is handed back to the group) or at ``max_messages``. A message another
+        consumer took over meanwhile is not handed to ``handler``. Lost connections are retried with backoff, as
+        in iteration; so is the ack.
 
         On asyncio, ``handler`` may be a coroutine function (awaited) or a plain function, which is called on the
         event loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread``). The sync consumer takes
@@ -150,8 +188,13 @@ class Consumer(ConsumerProtocol):
         return self._drive(self._run_steps(handler, max_messages))
 
     def close(self) -> None:
-        """Stop, and close the client if this consumer made it (from ``redis_url``)."""
+        """Stop, hand back what this consumer holds (another consumer takes it at once), and close the client if
+        this consumer made it (from ``redis_url``). While :meth:`run` has a message in hand, ``run`` hands back
+        once it is handled."""
         self.stop()
+        self._closed = True
+        if self._in_hand is None:
+            self._drive(self._release_steps())
         if self._owns_client:
             self.client.close()
 

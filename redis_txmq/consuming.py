@@ -1,12 +1,13 @@
 """The consumer without I/O: what it sends to Redis, how it reads the replies, and what it decides.
 
 :class:`ConsumerProtocol` holds a consumer's settings and state (its partitions, claim cursors, whose turn it is to
-be read) and writes each operation as a generator of *effects*: a :class:`Command` for Redis, a :class:`Pause`
-before a retry, a :class:`Handle` of a message by the user's handler. The outcome of each effect is sent back into
-the generator (or, when it failed, thrown into it), so the decisions — claim before read, the delivery limit,
-NOGROUP recovery, backoff, error messages — are written once. :class:`redis_txmq.Consumer` performs the effects
-with blocking calls, :class:`redis_txmq.asyncio.Consumer` with ``await``; that is all they do: both subclass
-:class:`ConsumerProtocol`, which also holds the constructor, its validation and the error messages.
+be read, the batch in hand) and writes each operation as a generator of *effects*: a :class:`Command` for Redis, a
+:class:`Pause` before a retry, a :class:`Handle` of a message by the user's handler, a :class:`Heartbeat` started or
+stopped. The outcome of each effect is sent back into the generator (or, when it failed, thrown into it), so the
+decisions — claim before read, the lease on what the consumer holds, the delivery limit, NOGROUP recovery, backoff,
+error messages — are written once. :class:`redis_txmq.Consumer` performs the effects with blocking calls (its
+heartbeat on a thread), :class:`redis_txmq.asyncio.Consumer` with ``await`` (its heartbeat a task); that is all they
+do: both subclass :class:`ConsumerProtocol`, which also holds the constructor, its validation and the error messages.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from .groups import (
     CURSOR_START,
     ensure_group_call,
     ensure_group_error,
-    forget_consumers_call,
     is_missing_group,
     read_group,
     removed_names,
@@ -51,6 +51,17 @@ RETRY_FIRST_DELAY = 0.1
 RETRY_MAX_DELAY = 5.0
 CLAIM = "consumer_claim"
 DEAD_LETTER = "consumer_dead_letter"
+HEARTBEAT = "consumer_heartbeat"
+HOLD = "consumer_hold"
+HAND_BACK = "consumer_hand_back"
+FORGET = "forget_consumers"
+CONSUMER_SCRIPTS = (CLAIM, DEAD_LETTER, HEARTBEAT, HOLD, HAND_BACK)
+"""The scripts with the consumer prelude (``lua/consumer_keys.lua``); ``forget_consumers`` has none."""
+LEASE_HEARTBEATS = 3
+"""A consumer's lease lasts this many heartbeat intervals (``Settings.heartbeat_interval``): a late beat or two do
+not lose it, as for the producers' and checkers' heartbeats."""
+HEARTBEAT_STOP_WAIT = 2.0
+"""Seconds a stopping consumer waits for a heartbeat under way before it hands its messages back."""
 
 
 READ_GROUP = "read_group"
@@ -92,7 +103,16 @@ class Handle:
     message: ConsumedMessage
 
 
-Effect = Command | Pause | Handle
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Start the heartbeat that renews the consumer's lease every ``Settings.heartbeat_interval``, beside the
+    handler (a thread, or a task on asyncio); or (``running`` False) stop it, waiting for a beat under way, so that
+    no beat lands after the lease is handed back."""
+
+    running: bool
+
+
+Effect = Command | Pause | Handle | Heartbeat
 Steps = Generator[Effect, Any, T]
 
 
@@ -216,6 +236,13 @@ class ConsumerProtocol:
         """Partitions whose group could not be set up (on a cluster, their master was down): set up at each poll."""
         self._acks_due: list[ConsumedMessage] = []
         """Messages handled by ``run()`` whose ack failed on a cluster (their master is down): acked at each poll."""
+        self._unhandled: list[ConsumedMessage] = []
+        """What ``run()`` or iteration read and has not handed out yet: handed out first, or handed back on stop."""
+        self._in_hand: ConsumedMessage | None = None
+        """The message ``run()``'s handler has: a ``close()`` meanwhile leaves the hand-back to ``run()``."""
+        self._lease_held = False
+        """Whether the consumer holds its lease (and its heartbeat runs): from its first read until it stops."""
+        self._closed = False
         self._stop = self._event_type()
         try:
             self.client, self.settings, self._owns_client = self._resolve_client(redis_url, client, settings)
@@ -224,7 +251,8 @@ class ConsumerProtocol:
                 f"{self._where}: could not connect to Redis: {exc}; check redis_url (or TXMQ_REDIS_URL) and that "
                 "Redis is reachable, then create the consumer again"
             ) from exc
-        self._scripts = {name: register_script(self.client, name, CONSUMER_PRELUDE) for name in (CLAIM, DEAD_LETTER)}
+        self._scripts = {name: register_script(self.client, name, CONSUMER_PRELUDE) for name in CONSUMER_SCRIPTS}
+        self._scripts[FORGET] = register_script(self.client, FORGET)
         self._created()
 
     def _resolve_client(
@@ -258,13 +286,93 @@ class ConsumerProtocol:
         return [keys.consumer_dead_stream(self.group) for keys in self.partitions]
 
     def stop(self) -> None:
-        """Make iteration and ``run`` return after the current poll, or at once while they wait to retry.
+        """Make ``run`` return once the message in hand is handled (iteration: before the next message), and hand
+        the messages read and not handled yet back to the group, for another consumer to take at once; at once
+        while they wait for messages or to retry.
 
-        Thread-safe in the sync consumer; call the asyncio consumer's from its event loop."""
+        Thread-safe in the sync consumer (a signal handler may call it); call the asyncio consumer's from its event
+        loop."""
         self._stop.set()
 
     def _script_keys(self, keys: TopicKeys) -> list[str]:
-        return [keys.topic_stream, keys.consumer_dead_stream(self.group)]
+        return [keys.topic_stream, keys.consumer_dead_stream(self.group), keys.consumer_leases(self.group)]
+
+    @property
+    def _lease_ms(self) -> int:
+        return int(LEASE_HEARTBEATS * self.settings.heartbeat_interval * 1000)
+
+    def _lease_steps(self) -> Steps[None]:
+        """Take the lease on what this consumer reads, before it reads, and start the heartbeat that renews it: only
+        a consumer without a live lease (it stopped, died or froze) has its messages taken over. Once per start; again
+        by a poll after a stop (which handed the lease back)."""
+        if self._lease_held or self._closed or not self.partitions:
+            return
+        yield from self._heartbeat_steps(acquire=True)
+        self._lease_held = True
+        yield Heartbeat(True)
+
+    def _heartbeat_steps(self, *, acquire: bool = False) -> Steps[None]:
+        """Renew the lease on each partition (``lua/consumer_heartbeat.lua``). A beat that fails is logged: the lease
+        lasts ``LEASE_HEARTBEATS`` intervals. When other consumers hold messages without a live lease, the next poll
+        makes a claim walk, instead of waiting its turn (every ``min_idle_time / 2``)."""
+        mode = "acquire" if acquire else "renew"
+        orphaned = False
+        for keys in self.partitions:
+            args = [self.group, self.consumer_name, self._lease_ms, mode]
+            try:
+                reply = yield Command(HEARTBEAT, (), {"keys": self._script_keys(keys), "args": args})
+            except REDIS_ERRORS as exc:
+                self._logger.warning(
+                    "topic=%s group=%s consumer=%s stream=%s: heartbeat failed (%s); the lease lasts %.1f s from the "
+                    "last one that landed",
+                    self.topic,
+                    self.group,
+                    self.consumer_name,
+                    keys.topic_stream,
+                    exc,
+                    self._lease_ms / 1000,
+                )
+                continue
+            orphaned = orphaned or int(reply) > 0
+        if orphaned:
+            self._next_claim = 0.0
+
+    def _release_steps(self) -> Steps[None]:
+        """Stop the heartbeat, then hand back what this consumer holds (``lua/consumer_hand_back.lua``): its lease
+        becomes 0, so that another consumer takes its messages at once, and the messages it read but never handed
+        out lose that delivery. A hand-back that fails leaves them to be taken over as a dead consumer's."""
+        rest, self._unhandled = self._unhandled, []
+        if not self._lease_held and not rest:
+            return
+        if self._lease_held:
+            self._lease_held = False
+            yield Heartbeat(False)
+        for keys in self.partitions:
+            ids = [message.id for message in rest if message.stream == keys.topic_stream]
+            try:
+                yield Command(
+                    HAND_BACK, (), {"keys": self._script_keys(keys), "args": [self.group, self.consumer_name, *ids]}
+                )
+            except REDIS_ERRORS as exc:
+                self._logger.warning(
+                    "topic=%s group=%s consumer=%s stream=%s: handing back failed (%s); its messages are taken over "
+                    "once its lease ran out (%.1f s) and they were idle min_idle_time (%s s)",
+                    self.topic,
+                    self.group,
+                    self.consumer_name,
+                    keys.topic_stream,
+                    exc,
+                    self._lease_ms / 1000,
+                    self.min_idle_time,
+                )
+        if rest:
+            self._logger.info(
+                "topic=%s group=%s consumer=%s stopped: handed back %d messages it had not handled",
+                self.topic,
+                self.group,
+                self.consumer_name,
+                len(rest),
+            )
 
     def _setup_steps(self) -> Steps[None]:
         """Read the topic's partitions and create the group on each (where it does not exist yet).
@@ -319,10 +427,14 @@ class ConsumerProtocol:
         return not isinstance(exc, redis.ResponseError) or isinstance(exc, CLUSTER_UNAVAILABLE)
 
     def _poll_steps(self, timeout: float | None) -> Steps[list[ConsumedMessage]]:
+        if self._unhandled:  # read by run() or iteration, never handed out: this consumer's still
+            messages, self._unhandled = self._unhandled, []
+            return messages
         block_ms = int((self.block if timeout is None else timeout) * 1000)
         self._failed_partitions = set()
         try:
             yield from self._ready_steps()
+            yield from self._lease_steps()
             messages = yield from self._claim_steps()
             if messages:
                 return messages
@@ -403,11 +515,14 @@ class ConsumerProtocol:
         return isinstance(self.client, (RedisCluster, AsyncRedisCluster))
 
     def _claim_steps(self) -> Steps[list[ConsumedMessage]]:
-        """XAUTOCLAIM through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once a scan ends.
+        """A walk of the pending list through ``lua/consumer_claim.lua``, at most every ``min_idle_time / 2`` once
+        a walk ends (sooner when a heartbeat saw messages without a live lease): it takes over the messages of
+        consumers that stopped (at once) or whose lease ran out (once idle ``min_idle_time``), and this
+        consumer's own idle ones; never those of a live consumer.
 
         The script also dead-letters what reached ``max_deliveries``; when a walk of a partition's pending list
-        ends, the consumers that hold nothing and were idle ``min_idle_time`` (dead instances whose entries the
-        walk took over) are removed."""
+        ends, the consumers that hold nothing and are not live (dead instances whose entries the walk took over)
+        are removed."""
         now = time.monotonic()
         scanning = any(cursor != CURSOR_START for cursor in self._claim_cursors.values())
         if not scanning and now < self._next_claim:
@@ -461,10 +576,14 @@ class ConsumerProtocol:
         return int(self.min_idle_time * 1000)
 
     def _forget_dead_consumers_steps(self, keys: TopicKeys) -> Steps[None]:
-        """A walk of the pending list ended: the consumers it took entries over from are dead; drop their names."""
-        call = forget_consumers_call(keys.topic_stream, self.group, self.consumer_name, self._idle_ms)
+        """A walk of the pending list ended: the consumers it took entries over from are dead; drop their names,
+        and the leases of those that hold nothing."""
+        call = {
+            "keys": [keys.topic_stream, keys.consumer_leases(self.group)],
+            "args": [self.group, self.consumer_name, self._idle_ms],
+        }
         try:
-            gone = removed_names((yield Command("eval", call)))
+            gone = removed_names((yield Command(FORGET, (), call)))
         except REDIS_ERRORS as exc:  # housekeeping: the next walk's end does it; what was claimed is delivered
             self._logger.warning(
                 "topic=%s group=%s stream=%s: removing dead consumers failed (%s); tried again after the next walk",
@@ -546,6 +665,7 @@ class ConsumerProtocol:
 
     def _delete_group_steps(self) -> Steps[None]:
         self.stop()
+        yield from self._release_steps()
         try:
             yield from self._ready_steps()
         except REDIS_ERRORS as exc:
@@ -553,6 +673,7 @@ class ConsumerProtocol:
         for keys in self.partitions:
             try:
                 yield Command("xgroup_destroy", (keys.topic_stream, self.group))
+                yield Command("delete", (keys.consumer_leases(self.group),))
             except redis.ResponseError as exc:
                 if not is_missing_group(exc):
                     raise self._error("deleting the group", exc, "check the stream's type and retry") from exc
@@ -579,7 +700,7 @@ class ConsumerProtocol:
             return messages
         return None
 
-    def _retry_pause(self, backoff: Backoff, action: str, exc: TxMQConnectionError) -> Pause:
+    def _retry_pause(self, backoff: Backoff, action: str, exc: Exception) -> Pause:
         delay = backoff.next_delay()
         self._logger.warning(
             "topic=%s group=%s consumer=%s %s failed (attempt %d): %s; retrying in %.2f s",
@@ -645,34 +766,88 @@ class ConsumerProtocol:
             except TxMQConnectionError:
                 self._acks_due.append(message)
 
+    def _next_message_steps(self) -> Steps[ConsumedMessage | None]:
+        """The next message for ``run()`` or iteration, from the batch in hand or else a new poll (before which the
+        acks that failed on a cluster are tried again): only one this consumer still holds. None once stopped: what
+        is left of the batch stays in ``_unhandled``, to hand back."""
+        while not self._stop.is_set():
+            if not self._unhandled:
+                yield from self._acks_due_steps(until_stopped=False)
+                batch = yield from self._batch_steps()
+                if batch is None:
+                    break
+                self._unhandled = list(batch)
+                continue
+            message = self._unhandled.pop(0)
+            held = yield from self._held_steps(message)
+            if held is None:  # stopped while Redis could not be asked
+                self._unhandled.insert(0, message)
+                break
+            if held:
+                return message
+        return None
+
+    def _held_steps(self, message: ConsumedMessage) -> Steps[bool | None]:
+        """Whether this consumer still holds ``message`` (``lua/consumer_hold.lua``, which also restarts its idle
+        time): a message another consumer took over is never handed out. Asked again with backoff while Redis
+        cannot answer (None once stopped meanwhile); on a cluster, a partition whose master is down answers False:
+        the message stays pending, this consumer's to claim again after ``min_idle_time``."""
+        keys = self._by_stream[message.stream]
+        backoff = Backoff()
+        while not self._stop.is_set():
+            try:
+                held = yield Command(
+                    HOLD, (), {"keys": self._script_keys(keys), "args": [self.group, self.consumer_name, message.id]}
+                )
+            except REDIS_ERRORS as exc:
+                if is_missing_group(exc) or self._partition_may_fail(exc):
+                    self._partition_failed(keys, f"checking that it still holds {message.id}", exc)
+                    return False
+                yield self._retry_pause(backoff, f"checking that it still holds {message.id}", exc)
+                continue
+            if not int(held):
+                self._logger.info(
+                    "topic=%s group=%s tx=%s %s was taken over by another consumer (or acked): not handled here",
+                    self.topic,
+                    self.group,
+                    message.transaction_id,
+                    message.id,
+                )
+            return bool(int(held))
+        return None
+
     def _run_steps(self, handler: Callable[[ConsumedMessage], Any], max_messages: int | None) -> Steps[int]:
-        """Each message to ``handler``, acked when it returns; one that raises stays pending for re-delivery."""
+        """Each message to ``handler``, acked when it returns; one that raises stays pending for re-delivery. Once
+        stopped, what was read and not handled is handed back."""
         handled = yield from self._handle_steps(handler, max_messages)
         if self._acks_due:
             yield from self._acks_due_steps(until_stopped=True)
+        if self._stop.is_set():
+            yield from self._release_steps()
         return handled
 
     def _handle_steps(self, handler: Callable[[ConsumedMessage], Any], max_messages: int | None) -> Steps[int]:
         handled = 0
         while True:
-            yield from self._acks_due_steps(until_stopped=False)
-            batch = yield from self._batch_steps()
-            if batch is None:
+            message = yield from self._next_message_steps()
+            if message is None:
                 return handled
-            for message in batch:
-                try:
-                    yield Handle(handler, message)
-                except Exception:  # noqa: BLE001 - a failing handler must not kill the consumer
-                    self._logger.exception(
-                        "topic=%s group=%s tx=%s handler failed on %s (delivery %d); will re-deliver",
-                        self.topic,
-                        self.group,
-                        message.transaction_id,
-                        message.id,
-                        message.delivery_count,
-                    )
-                    continue
-                yield from self._ack_in_run_steps(message)
-                handled += 1
-                if max_messages is not None and handled >= max_messages:
-                    return handled
+            self._in_hand = message
+            try:
+                yield Handle(handler, message)
+            except Exception:  # noqa: BLE001 - a failing handler must not kill the consumer
+                self._logger.exception(
+                    "topic=%s group=%s tx=%s handler failed on %s (delivery %d); will re-deliver",
+                    self.topic,
+                    self.group,
+                    message.transaction_id,
+                    message.id,
+                    message.delivery_count,
+                )
+                continue
+            finally:
+                self._in_hand = None
+            yield from self._ack_in_run_steps(message)
+            handled += 1
+            if max_messages is not None and handled >= max_messages:
+                return handled

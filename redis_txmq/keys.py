@@ -21,6 +21,8 @@ key                                   type    holds
 ``txmq:{S}:dead-index``               hash    transaction id -> entry id in the dead-letter stream
 ``txmq:{S}:requests``                 hash    transaction id -> id of its pending check request (at most one)
 ``txmq:{S}:consumer-dead:<group>``    stream  entries a consumer group gave up on (delivery limit)
+``txmq:{S}:consumer-leases:<group>``  hash    consumer -> when (server ms) its lease on the entries it holds ends; 0:
+                                              it stopped and handed them back (``lua/consumer_keys.lua``)
 ``txmq:topic:{T}``                    hash    topic T's metadata: ``partitions`` (absent: one partition)
 ``txmq:topics``                       set     registry of topic stream keys that have seen a transaction
 ``txmq:schedule``                     zset    topic stream key -> when (server ms) a checker looks at it next: rounds
@@ -161,6 +163,12 @@ class TopicKeys:
         """Dead letters of one consumer group of this topic stream."""
         validate_name(group, "consumer group")
         return self._companion(f"consumer-dead:{group}")
+
+    def consumer_leases(self, group: str) -> str:
+        """Consumer -> the server time (ms) its lease on the entries it holds ends, renewed by its heartbeat; 0 once
+        it stopped and handed them back. Only a consumer without a live lease has its entries taken over."""
+        validate_name(group, "consumer group")
+        return self._companion(f"consumer-leases:{group}")
 
     def script_keys(self) -> list[str]:
         """KEYS of every transaction script, in the order ``lua/topic_keys.lua`` binds them."""

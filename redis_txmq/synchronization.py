@@ -12,14 +12,18 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
 from .errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
 
 Event = threading.Event
 """``wait(timeout)`` returns whether it was set; ``set``, ``is_set``; thread-safe."""
@@ -152,6 +156,89 @@ class AsyncWorker:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         return self._task.done()
+
+
+def _weak(method: Callable[..., Any]) -> Callable[[], Callable[..., Any] | None]:
+    """A weak reference to a bound method (a plain function is held as it is)."""
+    if inspect.ismethod(method):
+        return weakref.WeakMethod(method)
+    return lambda: method
+
+
+class Periodic:
+    """Calls ``method`` every ``interval`` seconds on a daemon thread of its own, beside whatever the caller's thread
+    is doing, until :meth:`stop`. The method's object is held weakly: an object dropped without being closed is
+    collected, and its calls end, as if its process had died. What ``method`` raises is logged; the calls go on."""
+
+    def __init__(self, method: Callable[[], Any], interval: float, name: str) -> None:
+        self._method = _weak(method)
+        self._interval = interval
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(self._interval):
+            method = self._method()
+            if method is None:
+                return
+            try:
+                method()
+            except Exception:
+                logger.exception("%s failed; called again in %.1f s", self._thread.name, self._interval)
+            del method
+
+    def stop(self, timeout: float) -> bool:
+        """No call after the one under way, which is waited for up to ``timeout`` seconds; whether none is left."""
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+class AsyncPeriodic:
+    """:class:`Periodic` on asyncio: awaits ``method()`` every ``interval`` seconds in a task of its own; ``await
+    stop(timeout)`` cancels a call still under way after ``timeout``."""
+
+    def __init__(self, method: Callable[[], Coroutine[Any, Any, Any]], interval: float, name: str) -> None:
+        self._method = _weak(method)
+        self._interval = interval
+        self._name = name
+        self._stopped = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=self._name)
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), self._interval)
+            if self._stopped.is_set():
+                return
+            method = self._method()
+            if method is None:
+                return
+            try:
+                await method()
+            except Exception:
+                logger.exception("%s failed; called again in %.1f s", self._name, self._interval)
+            del method
+
+    async def stop(self, timeout: float) -> bool:
+        self._stopped.set()
+        task = self._task
+        if task is None or task.done() or task is asyncio.current_task():
+            return True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        return True
 
 
 class WorkerPool:

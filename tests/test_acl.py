@@ -20,7 +20,7 @@ from redis_txmq.acl import acl_rules
 from redis_txmq.cli import main
 from redis_txmq.keys import TopicKeys
 
-from .helpers import wait_until
+from .helpers import ScriptedListener, wait_until
 
 pytestmark = pytest.mark.real
 
@@ -164,6 +164,34 @@ def test_an_asyncio_producers_batched_prepares_and_ends_work_with_its_least_priv
     assert real_client.hlen(TopicKeys("orders").inflight) == 0
 
 
+@pytest.mark.parametrize("topic", TOPICS)
+def test_a_consumer_runs_stops_and_hands_back_with_its_least_privilege_user(
+    users: dict[str, str], real_client: redis.Redis, topic: str
+) -> None:
+    """The consumer's lease, its check before each handler call, its hand-back on stop and another consumer's
+    taking over what was handed back (and the removal of the gone consumer) all run under the consumer's rules, on
+    a topic of one partition and one of two."""
+    with TransactionProducer(GROUP, ScriptedListener(), client=real_client) as producer:
+        for n in range(6):
+            producer.send_message_in_transaction(Message(topic, b"%d" % n, keys=f"k{n % 2}"), COMMIT)
+    url = users["consumer"]
+    options: dict[str, Any] = {"block": 0.05, "batch_size": 10, "min_idle_time": 3600}
+    with Consumer(topic, CONSUMER_GROUP, "first", redis_url=url, **options) as first:
+
+        def handle(message: Any) -> None:
+            first.stop()
+
+        assert first.run(handle) == 1
+    with Consumer(topic, CONSUMER_GROUP, "second", redis_url=url, max_deliveries=1, **options) as second:
+        taken: list[Any] = []
+        wait_until(lambda: taken.extend(second.poll(0.05)) or len(taken) == 5)
+        for message in taken:
+            second.ack(message)
+    streams = [topic] if topic == "orders" else [f"{topic}#0", f"{topic}#1"]
+    assert sum(real_client.xpending(s, CONSUMER_GROUP)["pending"] for s in streams) == 0
+    assert real_client.keys("txmq:*:consumer-dead:*") == [], "nothing dead-lettered"
+
+
 def test_the_users_can_do_no_more_than_their_part(users: dict[str, str]) -> None:
     refused = [
         ("producer", ("GET", "somebody-elses-key")),
@@ -171,6 +199,7 @@ def test_the_users_can_do_no_more_than_their_part(users: dict[str, str]) -> None
         ("producer", ("FLUSHALL",)),
         ("consumer", ("HSET", "txmq:{orders}:inflight", "f", "v")),
         ("consumer", ("XADD", "txmq:{orders}:consumer-dead:payroll", "*", "f", "v")),
+        ("consumer", ("HSET", "txmq:{orders}:consumer-leases:payroll", "c", "1")),
         ("spark", ("XADD", "orders", "*", "f", "v")),
         ("spark", ("XGROUP", "CREATE", "orders", "spark", "$", "MKSTREAM")),
         ("checker", ("CONFIG", "GET", "requirepass")),
@@ -197,6 +226,7 @@ def test_txmq_acl_prints_the_setuser_line() -> None:
     out = CliRunner().invoke(main, ["acl", "consumer", "--topic", "orders", "--consumer-group", "billing"])
     assert out.exit_code == 0, out.output
     assert out.output.startswith("ACL SETUSER txmq-consumer on >YOUR-PASSWORD resetkeys ~orders ~orders#* ")
-    assert "~txmq:{orders}:consumer-dead:billing ~txmq:{orders#*}:consumer-dead:billing resetchannels" in out.output
+    assert "~txmq:{orders}:consumer-dead:billing ~txmq:{orders#*}:consumer-dead:billing " in out.output
+    assert "~txmq:{orders}:consumer-leases:billing ~txmq:{orders#*}:consumer-leases:billing resetchannels" in out.output
     refused = CliRunner().invoke(main, ["acl", "producer", "--topic", "orders"])
     assert refused.exit_code == 1 and "name its producer group" in refused.output

@@ -172,6 +172,20 @@ def consumer(api, client, name="c1", **kwargs):
     return api.Consumer("orders", "billing", name, client=client, **kwargs)
 
 
+def die(api: SyncApi | AsyncioApi, c: Any, client: Any, topic: str = "orders", group: str = "billing") -> None:
+    """``c`` dies as a process would, in an instant: its heartbeat stops, nothing is handed back, and its lease
+    (``TopicKeys.consumer_leases``) is past, as it is three heartbeat intervals after its last beat."""
+    target = c.consumer if isinstance(api, AsyncioApi) else c
+    heartbeat, target._heartbeat = target._heartbeat, None
+    if isinstance(api, AsyncioApi):
+        api.runner.run(heartbeat.stop(5))
+    else:
+        heartbeat.stop(5)
+    target._lease_held = False
+    for keys in target.partitions:
+        client.hset(keys.consumer_leases(group), target.consumer_name, 1)
+
+
 def drain(c, rounds=5):
     seen = []
     for _ in range(rounds):
@@ -203,7 +217,8 @@ def test_unacked_message_of_dead_consumer_is_redelivered(api, any_client):
     client = any_client
     send(client, [COMMIT])
     dead = consumer(api, client, "dead", min_idle_time=0.1)
-    assert [m.body for m in dead.poll()] == [b"m0"]  # ...and it dies without acking
+    assert [m.body for m in dead.poll()] == [b"m0"]
+    die(api, dead, client)  # ...without acking
     survivor = consumer(api, client, "survivor", min_idle_time=0.1)
     redelivered = wait_until(lambda: survivor.poll())
     assert [m.body for m in redelivered] == [b"m0"] and redelivered[0].delivery_count == 2
@@ -316,7 +331,8 @@ def consumer_names(client, stream="orders", group="billing"):
 def test_dead_consumer_is_forgotten_once_its_entries_were_claimed(api, client):
     send(client, [COMMIT])
     dead = consumer(api, client, "dead-one", min_idle_time=0.1)
-    assert [m.body for m in dead.poll()] == [b"m0"]  # ...and it dies without acking
+    assert [m.body for m in dead.poll()] == [b"m0"]
+    die(api, dead, client)  # ...without acking
     live = consumer(api, client, "live", min_idle_time=0.1)
     (redelivered,) = wait_until(live.poll)
     live.ack(redelivered)
@@ -340,7 +356,8 @@ def test_a_consumer_holding_an_entry_is_never_forgotten(api, client):
 def test_a_consumer_reading_one_at_a_time_takes_over_a_dead_consumers_message(api, client):
     send(client, [COMMIT])
     dead = consumer(api, client, "dead", batch_size=1, min_idle_time=0.1)
-    assert [m.body for m in dead.poll()] == [b"m0"]  # ...and it dies without acking
+    assert [m.body for m in dead.poll()] == [b"m0"]
+    die(api, dead, client)  # ...without acking
     live = consumer(api, client, "live", batch_size=1, min_idle_time=0.1)
     (taken_over,) = wait_until(live.poll)
     assert (taken_over.body, taken_over.delivery_count) == (b"m0", 2)

@@ -20,7 +20,7 @@ import redis
 from redis.exceptions import ClusterDownError, TryAgainError
 
 from redis_txmq import Consumer, Message, TransactionProducer, create_topic
-from redis_txmq.consuming import CLAIM, READ_GROUP, Command, ConsumerProtocol
+from redis_txmq.consuming import CLAIM, FORGET, READ_GROUP, Command, ConsumerProtocol
 from redis_txmq.topics import partition_keys_of
 
 from .helpers import ScriptedListener, wait_until
@@ -171,16 +171,16 @@ def test_what_a_claim_walk_took_over_is_delivered_when_a_later_partition_fails(r
 
 
 def test_removing_dead_consumers_failing_does_not_drop_the_claims(real_client, topic, faults):
-    """At the end of a walk the consumers it took over from are removed (an EVAL); when that fails, what the walk
-    claimed is delivered all the same."""
+    """At the end of a walk the consumers it took over from are removed (``lua/forget_consumers.lua``); when that
+    fails, what the walk claimed is delivered all the same."""
     sent = abandoned_on_each_partition(real_client)
+    for stream in topic:
+        faults.fail(FORGET, stream, redis.ConnectionError("dropped"))
     with Consumer(TOPIC, "billing", "c1", client=real_client, block=0.05, min_idle_time=0.05) as consumer:
-        for stream in topic:  # after the set-up's EVAL (of the group), so the EVALs of the removals
-            faults.fail("eval", stream, redis.ConnectionError("dropped"))
         got: list[bytes] = []
         wait_until(lambda: got.extend(m.body for m in consumer.poll(0.05)) or len(got) >= PARTITIONS, timeout=15)
     assert sorted(got) == sorted(sent)
-    assert ("eval", topic[0]) in faults.hits
+    assert (FORGET, topic[0]) in faults.hits
 
 
 def test_on_a_cluster_an_ack_that_fails_does_not_stop_the_other_partitions(

@@ -3,8 +3,11 @@
 Reads ``TOPIC`` through the consumer group ``GROUP`` and applies each message through the inbox
 (:class:`redis_txmq.django.Inbox`): the function named by ``--handler`` is called with the message inside
 ``transaction.atomic()`` together with the inbox row, and the message is acked after the commit. A redelivered
-message (this process died between the commit and the ack) is acked without calling the handler again. Stops on
-SIGTERM or SIGINT after the message in hand, or after ``--max-messages``.
+message (this process died between the commit and the ack) is acked without calling the handler again.
+
+Stops on SIGTERM (what an orchestrator sends first) once the message in hand is handled, handing the rest of its
+batch back to the group for another consumer to take at once: a stop takes one handler's time, not a batch's. On
+SIGINT (Ctrl-C) at once: the message in hand is rolled back and redelivered. Also stops after ``--max-messages``.
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="the database alias of the inbox and handler")
         parser.add_argument("--max-messages", type=int, default=None, help="stop after this many (default: run on)")
         parser.add_argument("--block", type=float, default=None, help="seconds a read waits for new messages")
+        parser.add_argument("--batch-size", type=int, default=None, help="messages read at a time (default: 16)")
         parser.add_argument(
             "--min-idle-time",
             type=float,
             default=None,
-            help="seconds before another consumer's unacked message is taken over",
+            help="seconds a message of a consumer that died (or of this one, unacked) waits before it is taken over",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -59,7 +63,8 @@ class Command(BaseCommand):
             apply = import_string(options["handler"])
         except ImportError as exc:
             raise CommandError(f"--handler {options['handler']!r}: {exc}") from exc
-        consumer_options = {name: options[name] for name in ("block", "min_idle_time") if options[name] is not None}
+        chosen = ("block", "batch_size", "min_idle_time")
+        consumer_options = {name: options[name] for name in chosen if options[name] is not None}
         inbox = Inbox(using=options["database"])
         handler = inbox.handler(apply, consumer_group=options["group"])
         with Consumer(
