@@ -26,7 +26,7 @@ from redis_txmq import entries, tracing
 from redis_txmq.admin import registered_topics, resolve_dead_part
 from redis_txmq.broker import RedisBroker
 from redis_txmq.config import Settings
-from redis_txmq.connection import REDIS_ERRORS
+from redis_txmq.connection import REDIS_ERRORS, blocking_slice, socket_timeout_of
 from redis_txmq.connection import instance_id as new_instance_id
 from redis_txmq.errors import TransactionError, TxMQConnectionError, TxMQError
 from redis_txmq.groups import (
@@ -195,7 +195,8 @@ class Checker:
                     # more due than one scan claims: scan again right after applying the answers at hand
                     more_due = isinstance(stats, RoundStats) and stats.more_due
                     next_scan = now if more_due else now + self.scan_interval
-                block_ms = int(max(0.0, min(next_scan - time.monotonic(), 1.0)) * 1000)
+                wait = max(0.0, min(next_scan - time.monotonic(), 1.0))
+                block_ms = int(blocking_slice(wait, socket_timeout_of(self.client)) * 1000)
                 replies_ok = self._guarded("replies", functools.partial(self.process_replies, block_ms)) is not _FAILED
                 healthy &= replies_ok
                 if not healthy:

@@ -280,6 +280,28 @@ def resolve_client(
     return connect(settings.redis_url, cluster=settings.cluster, asyncio=asyncio), settings, True
 
 
+REDIS_PY_SOCKET_TIMEOUT = 5.0
+"""redis-py's own ``socket_timeout`` when the client was given none (its connections' default since 6.0)."""
+
+
+def socket_timeout_of(client: Any) -> float | None:
+    """How long the client waits for a reply before it takes the connection for lost (None: for ever)."""
+    try:
+        kwargs = client.get_connection_kwargs()
+    except AttributeError:
+        return REDIS_PY_SOCKET_TIMEOUT
+    return kwargs.get("socket_timeout", REDIS_PY_SOCKET_TIMEOUT)
+
+
+def blocking_slice(wanted: float, socket_timeout: float | None) -> float:
+    """The longest a blocking read (XREADGROUP BLOCK) may wait on a healthy server without tripping the client's
+    socket timeout, which then stays the bound that notices a hung one: a second under it, or half of a short one.
+    A longer wait is several reads."""
+    if socket_timeout is None:
+        return wanted
+    return min(wanted, max(socket_timeout - 1.0, socket_timeout / 2))
+
+
 def instance_id(kind: str) -> str:
     """A name for this process's instance of a producer, consumer or checker: host, pid and a random part."""
     return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

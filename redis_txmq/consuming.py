@@ -27,7 +27,15 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from .config import Settings
-from .connection import CLUSTER_UNAVAILABLE, REDIS_ERRORS, instance_id, redact_url, resolve_client
+from .connection import (
+    CLUSTER_UNAVAILABLE,
+    REDIS_ERRORS,
+    blocking_slice,
+    instance_id,
+    redact_url,
+    resolve_client,
+    socket_timeout_of,
+)
 from .entries import ConsumedMessage, decode_topic_entry, stream_batches, text
 from .errors import ConfigurationError, CorruptEntryError, TxMQConnectionError
 from .groups import (
@@ -430,7 +438,7 @@ class ConsumerProtocol:
         if self._unhandled:  # read by run() or iteration, never handed out: this consumer's still
             messages, self._unhandled = self._unhandled, []
             return messages
-        block_ms = int((self.block if timeout is None else timeout) * 1000)
+        wait = self.block if timeout is None else timeout
         self._failed_partitions = set()
         try:
             yield from self._ready_steps()
@@ -438,7 +446,7 @@ class ConsumerProtocol:
             messages = yield from self._claim_steps()
             if messages:
                 return messages
-            return (yield from self._read_steps(block_ms))
+            return (yield from self._wait_steps(wait))
         except REDIS_ERRORS as exc:
             raise self._error(
                 "read", exc, "check that Redis is up and poll again (iteration and run() retry by themselves)"
@@ -457,6 +465,20 @@ class ConsumerProtocol:
         )
         self._claim_cursors[keys.topic_stream] = CURSOR_START
         yield from self._ensure_group_steps(keys)
+
+    def _wait_steps(self, wait: float) -> Steps[list[ConsumedMessage]]:
+        """New entries, waiting up to ``wait`` seconds for some: in blocking reads each shorter than the client's
+        socket timeout (a read blocked past it fails on a healthy, idle server), until one brings entries or the
+        time is up."""
+        socket_timeout = socket_timeout_of(self.client)
+        deadline = time.monotonic() + wait
+        slice_s = blocking_slice(wait, socket_timeout)
+        while True:
+            messages = yield from self._read_steps(int(slice_s * 1000))
+            remaining = deadline - time.monotonic()
+            if messages or slice_s >= wait or remaining < 0.001:
+                return messages
+            slice_s = blocking_slice(remaining, socket_timeout)
 
     def _read_steps(self, block_ms: int) -> Steps[list[ConsumedMessage]]:
         """New entries of the partitions, in turn; blocks on one of them when none has any (a blocking read of
