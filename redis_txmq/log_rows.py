@@ -41,6 +41,9 @@ class RowState(enum.Enum):
     """Written in a database transaction that is still open (an outer one, the block's own having ended)."""
     UNSEEN = "unseen"
     """The watch cannot tell (a connection's transaction ended, and the library says not how): the block decides."""
+    IN_DOUBT = "in doubt"
+    """A commit may or may not have happened (its connection was lost, or its commit hooks were cut short or are
+    running on another thread): nothing is guessed, the check-back reads the row."""
 
 
 class RowWatch(Protocol):
@@ -61,24 +64,34 @@ _WATCHES: dict[str, list[RowWatch]] = {}
 _WATCHES_LOCK = threading.Lock()
 
 
-def watch_row(transaction_id: str, watch: RowWatch) -> None:
-    """Called by a log's ``record()``: the send of ``transaction_id`` asks ``watch`` before it ends."""
-    with _WATCHES_LOCK:
-        _WATCHES.setdefault(transaction_id, []).append(watch)
+class Settles(Protocol):
+    """What a transaction handle tells a log: whether its end is settled (a row recorded later is not watched)."""
+
+    rows_settled: bool
 
 
-def take_watches(transaction_id: str) -> list[RowWatch]:
+def watch_row(transaction_id: str, watch: RowWatch, owner: Settles | None = None) -> None:
+    """Called by a log's ``record()``: the send of ``transaction_id`` asks ``watch`` before it ends. A handle
+    (``owner``) whose end is already settling is not watched any more: its block was left (cancelled while a thread
+    still recorded), and nobody would take the watch."""
     with _WATCHES_LOCK:
+        if owner is None or not owner.rows_settled:
+            _WATCHES.setdefault(transaction_id, []).append(watch)
+
+
+def take_watches(transaction_id: str, owner: Settles | None = None) -> list[RowWatch]:
+    with _WATCHES_LOCK:
+        if owner is not None:
+            owner.rows_settled = True
         return _WATCHES.pop(transaction_id, [])
 
 
-def row_state(watches: list[RowWatch]) -> RowState | None:
+def row_state(states: list[RowState]) -> RowState | None:
     """The state of the transaction's rows (None: no row was recorded here). A row committed wins (the data is in
-    the database); then one still pending; rolled back only when every row was."""
-    if not watches:
+    the database); then one in doubt, one still pending, one unseen; rolled back only when every row was."""
+    if not states:
         return None
-    states = {watch.state() for watch in watches}
-    for state in (RowState.COMMITTED, RowState.PENDING, RowState.UNSEEN):
+    for state in (RowState.COMMITTED, RowState.IN_DOUBT, RowState.PENDING, RowState.UNSEEN):
         if state in states:
             return state
     return RowState.ROLLED_BACK
@@ -97,13 +110,23 @@ class Settled:
 WAITING_REMARK = "its log row waits for the outer database transaction to commit"
 
 
-def settle(transaction_id: str, topic: str, state: LocalTransactionState, remark: str | None) -> Settled:
+def settle(
+    transaction_id: str, topic: str, state: LocalTransactionState, remark: str | None, owner: Settles | None = None
+) -> Settled:
     """The end of ``transaction_id`` once its local transaction is over (``state``: what the block or the listener
     said), corrected by where its log rows stand in the host's database transaction."""
-    watches = take_watches(transaction_id)
-    rows = row_state(watches)
+    watches = take_watches(transaction_id, owner)
+    states = [watch.state() for watch in watches]
+    rows = row_state(states)
     if rows is None or rows is RowState.UNSEEN:
         return Settled(state, remark)
+    if rows is RowState.IN_DOUBT:
+        logger.warning(
+            "tx=%s topic=%s its database commit is in doubt: left to the check-back, which reads the row",
+            transaction_id,
+            topic,
+        )
+        return Settled(UNKNOWN, "its database commit is in doubt (a lost connection, or commit hooks cut short)")
     if rows is RowState.COMMITTED:
         if state is not COMMIT:
             logger.warning(
@@ -122,7 +145,9 @@ def settle(transaction_id: str, topic: str, state: LocalTransactionState, remark
             logger.info("tx=%s topic=%s its log row was rolled back: ROLLBACK", transaction_id, topic)
         return Settled(ROLLBACK, remark or "its log row was rolled back with its database transaction")
     logger.info("tx=%s topic=%s %s", transaction_id, topic, WAITING_REMARK)
-    return Settled(UNKNOWN, WAITING_REMARK, tuple(w for w in watches if w.state() is RowState.PENDING))
+    return Settled(
+        UNKNOWN, WAITING_REMARK, tuple(w for w, at in zip(watches, states, strict=True) if at is RowState.PENDING)
+    )
 
 
 def after_outer_commit(waiting: tuple[RowWatch, ...], commit: Callable[[], None]) -> bool:

@@ -29,7 +29,7 @@ from .connection import REDIS_ERRORS, connection_errors, instance_id, resolve_cl
 from .errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from .keys import topic_meta_key
 from .listener import TransactionListener, local_state
-from .log_rows import settle
+from .log_rows import settle, take_watches
 from .message import LocalTransactionState, Message, TransactionSendResult, validate_name
 from .oneway import EndFlusher
 from .protocol import EndCall, EndSource, RecordAction, TransactionRecord
@@ -187,9 +187,13 @@ class TransactionProducer:
         if isinstance(self.listener, CheckerListener):
             self.listener.execute_local_transaction(message, arg)
         tx = self._prepare(message)
-        state, remark = local_state(
-            self.listener.execute_local_transaction, tx.message, "local transaction", tx.message, arg
-        )
+        try:
+            state, remark = local_state(
+                self.listener.execute_local_transaction, tx.message, "local transaction", tx.message, arg
+            )
+        except BaseException:
+            take_watches(tx.transaction_id)  # interrupted: the check-back settles it, the rows are not followed
+            raise
         settled = settle(tx.transaction_id, tx.message.topic, state, remark)
         if settled.waiting:
             commit_after_outer(settled.waiting, partial(self._commit_after_outer, tx))
@@ -216,7 +220,13 @@ class TransactionProducer:
             for message in messages:
                 tx.send(message)
             first = tx.state.listener_message()
-            state, remark = local_state(self.listener.execute_local_transaction, first, "local transaction", first, arg)
+            try:
+                state, remark = local_state(
+                    self.listener.execute_local_transaction, first, "local transaction", first, arg
+                )
+            except BaseException:
+                take_watches(tx.transaction_id, tx)  # interrupted: the check-back settles it
+                raise
             tx.settle(state, remark)
         return tx.results
 

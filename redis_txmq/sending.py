@@ -122,18 +122,29 @@ def outcome_of_block(
     """What leaving a transaction handle's block decides, and the remark kept with it: COMMIT when it ended normally,
     ROLLBACK when it raised an exception (named in the remark), UNKNOWN (the check-back asks the listener) when it
     was cancelled or interrupted (``CancelledError``, ``KeyboardInterrupt``...) or raised a database error that
-    lost its connection (SQLAlchemy's ``connection_invalidated``: a COMMIT under way may have been applied): the
+    lost its connection (SQLAlchemy's ``connection_invalidated``, Django's ``OperationalError`` and
+    ``InterfaceError``: a COMMIT under way may have been applied): the
     local transaction may have committed, never guess. The remark is made sendable whatever the exception's text
     (:func:`~redis_txmq.message.remark_text`): the end is applied and the block's own exception goes on."""
     if exc_type is None:
         return LocalTransactionState.COMMIT, None
     if not issubclass(exc_type, Exception):
         return LocalTransactionState.UNKNOWN, None
-    if getattr(exc, "connection_invalidated", False) is True:
+    if getattr(exc, "connection_invalidated", False) is True or _is_connection_error(exc_type):
         lost = f"the block lost its database connection ({exc_type.__name__})"
         return LocalTransactionState.UNKNOWN, remark_text(lost)
     described = exception_text(exc) if exc is not None else exc_type.__name__
     return LocalTransactionState.ROLLBACK, remark_text(f"the block raised {described}")
+
+
+_CONNECTION_ERRORS = {("django.db.utils", "OperationalError"), ("django.db.utils", "InterfaceError")}
+"""Django's errors of a connection that failed, a COMMIT among its statements (named, not imported: the core does
+not import Django). Unlike SQLAlchemy, Django says nothing of whether the connection is lost; a statement's lock
+timeout among them only makes the check-back, which reads the row, settle the transaction a little later."""
+
+
+def _is_connection_error(exc_type: type[BaseException]) -> bool:
+    return any((cls.__module__, cls.__name__) in _CONNECTION_ERRORS for cls in exc_type.__mro__)
 
 
 class HandleState:
@@ -144,6 +155,8 @@ class HandleState:
         self._in_flight: InFlight | None = None
         self.result: TransactionSendResult | None = None
         """The send result, once the transaction was ended (or left to the check-back)."""
+        self.rows_settled = False
+        """Whether the end has taken the watches of its log rows (:mod:`redis_txmq.log_rows`)."""
 
     @property
     def in_flight(self) -> InFlight:
@@ -365,6 +378,8 @@ class ManyHandleState:
 
     def __init__(self, producer_group: str, max_messages: int) -> None:
         self.state = ManyState(producer_group, max_messages)
+        self.rows_settled = False
+        """Whether the end has taken the watches of its log rows (:mod:`redis_txmq.log_rows`)."""
 
     @property
     def transaction_id(self) -> str:

@@ -206,3 +206,135 @@ def test_asyncio_session_commit_publishes_from_the_event_loop(
     transaction_id = asyncio.run(scenario())
     assert published(real_client, transaction_id) == 1
     assert real_client.hlen(KEYS.inflight) == 0
+
+
+# The review's cases: where the row stands is only what the database's own events say.
+
+
+def test_a_session_closed_without_commit_then_used_again_publishes_nothing(
+    database: Database, real_client: Any, redis_url: str
+) -> None:
+    """``close()`` rolls the row's transaction back without a rollback event: a later commit of the same session,
+    for other work, must not be taken for the row's (it published a message whose order was rolled back)."""
+    orders = orders_of(database)
+    log = database.log
+    session = Session(database.engine)
+    try:
+        with TransactionProducer("order_group", checker=log.checker(database.engine), redis_url=redis_url) as p:
+            with p.transaction(Message("orders", b"1")) as tx:
+                session.execute(log.record(tx))
+                session.execute(insert(orders).values(id=1, tx=tx.transaction_id))
+            session.close()
+            session.execute(insert(orders).values(id=2, tx="unrelated"))
+            session.commit()
+    finally:
+        session.close()
+    assert published(real_client, tx.transaction_id) == 0
+
+
+@pytest.mark.parametrize("mode", ["conditional_savepoint", "create_savepoint", "rollback_only"])
+def test_a_session_joined_to_its_callers_transaction_waits_for_that_transaction(
+    database: Database, real_client: Any, redis_url: str, mode: str
+) -> None:
+    """``Session(bind=connection)`` inside a caller's open transaction (the test-suite pattern): the session's
+    commit is not the database's; the caller rolls back, and the message is never published."""
+    if database.name == "mariadb" and mode != "rollback_only":
+        pytest.skip("one mode is enough on MariaDB")
+    orders = orders_of(database)
+    log = database.log
+    with TransactionProducer("order_group", checker=log.checker(database.engine), redis_url=redis_url) as p:
+        with database.engine.connect() as connection:
+            outer = connection.begin()
+            session = Session(bind=connection, join_transaction_mode=mode)  # type: ignore[arg-type]
+            with p.transaction(Message("orders", b"1")) as tx:
+                session.execute(log.record(tx))
+                session.execute(insert(orders).values(id=1, tx=tx.transaction_id))
+                session.commit()
+            assert tx.result.local_transaction_state is UNKNOWN
+            assert published(real_client, tx.transaction_id) == 0, "published inside the caller's transaction"
+            session.close()
+            outer.rollback()
+    assert published(real_client, tx.transaction_id) == 0
+
+
+def test_a_core_connection_that_begins_with_the_record_waits_for_its_commit(
+    database: Database, real_client: Any, redis_url: str
+) -> None:
+    """ "Commit as you go": the record is the connection's first statement, which begins its transaction."""
+    orders = orders_of(database)
+    log = database.log
+    with TransactionProducer("order_group", checker=log.checker(database.engine), redis_url=redis_url) as p:
+        with database.engine.connect() as connection:
+            with p.transaction(Message("orders", b"1")) as tx:
+                connection.execute(log.record(tx))
+                connection.execute(insert(orders).values(id=1, tx=tx.transaction_id))
+            assert published(real_client, tx.transaction_id) == 0, "published before the connection committed"
+            connection.rollback()
+    assert published(real_client, tx.transaction_id) == 0
+
+
+def test_a_rolled_back_core_savepoint_rolls_the_message_back(
+    database: Database, real_client: Any, redis_url: str
+) -> None:
+    orders = orders_of(database)
+    log = database.log
+    with TransactionProducer("order_group", checker=log.checker(database.engine), redis_url=redis_url) as p:
+        with p.transaction(Message("orders", b"1")) as tx:
+            with database.engine.connect() as connection, connection.begin():
+                savepoint = connection.begin_nested()
+                connection.execute(log.record(tx))
+                connection.execute(insert(orders).values(id=1, tx=tx.transaction_id))
+                savepoint.rollback()
+    assert tx.result.local_transaction_state is ROLLBACK
+    assert published(real_client, tx.transaction_id) == 0
+
+
+def test_an_early_commit_inside_an_outer_transaction_waits_for_it(
+    database: Database, real_client: Any, redis_url: str
+) -> None:
+    """``tx.commit()`` inside the block while the row waits in the session's open transaction: it waits too."""
+    orders = orders_of(database)
+    log = database.log
+    with TransactionProducer("order_group", checker=log.checker(database.engine), redis_url=redis_url) as p:
+        with Session(database.engine) as session:
+            session.begin()
+            with p.transaction(Message("orders", b"1")) as tx:
+                session.execute(log.record(tx))
+                session.execute(insert(orders).values(id=1, tx=tx.transaction_id))
+                tx.commit()
+            assert published(real_client, tx.transaction_id) == 0
+            session.rollback()
+    assert published(real_client, tx.transaction_id) == 0
+
+
+def test_no_watch_is_left_behind_by_cancelled_sends(database: Database, redis_url: str) -> None:
+    """A listener's send cancelled after its record, and an asyncio block cancelled while its thread records: the
+    watches are taken (they hold the session) and nothing is kept for a send that is over."""
+    from redis_txmq import log_rows
+
+    log = database.log
+    orders = orders_of(database)
+
+    class Recording(txmq_asyncio.TransactionListener):
+        async def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
+            with Session(database.engine) as session, session.begin():
+                session.execute(log.record(message))
+                session.execute(insert(orders).values(id=arg, tx=message.transaction_id))
+            await asyncio.Event().wait()  # cancelled here
+            return COMMIT
+
+        async def check_local_transaction(self, message: Message) -> LocalTransactionState:
+            return UNKNOWN
+
+    async def scenario() -> None:
+        async with txmq_asyncio.TransactionProducer("order_group", Recording(), redis_url=redis_url) as producer:
+            for order_id in (1, 2, 3):  # not 0: MySQL takes an id of 0 for AUTO_INCREMENT's next
+                send = asyncio.create_task(producer.send_message_in_transaction(Message("orders", b"x"), order_id))
+                await asyncio.sleep(0.2)
+                send.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await send
+
+    before = len(log_rows._WATCHES)
+    asyncio.run(scenario())
+    assert len(log_rows._WATCHES) == before

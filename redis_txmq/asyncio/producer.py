@@ -25,7 +25,7 @@ from ..connection import REDIS_ERRORS, connection_errors, instance_id, resolve_c
 from ..errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
 from ..keys import topic_meta_key
 from ..listener import TransactionListener as SyncTransactionListener  # async-only
-from ..log_rows import settle
+from ..log_rows import settle, take_watches
 from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
 from ..protocol import EndCall, EndSource, RecordAction, TransactionRecord
 from ..sending import CheckerListener, InFlight, ManyState, listener_of, new_send, routing_error
@@ -189,9 +189,13 @@ class TransactionProducer:
         if isinstance(self.listener, CheckerListener):
             self.listener.execute_local_transaction(message, arg)
         tx = await self._prepare(message)
-        state, remark = await local_state(
-            self.listener.execute_local_transaction, tx.message, "local transaction", tx.message, arg
-        )
+        try:
+            state, remark = await local_state(
+                self.listener.execute_local_transaction, tx.message, "local transaction", tx.message, arg
+            )
+        except BaseException:
+            take_watches(tx.transaction_id)  # interrupted: the check-back settles it, the rows are not followed
+            raise
         settled = settle(tx.transaction_id, tx.message.topic, state, remark)
         if settled.waiting:
             commit_after_outer(settled.waiting, partial(self._commit_after_outer, tx))
@@ -220,9 +224,13 @@ class TransactionProducer:
             for message in messages:
                 await tx.send(message)
             first = tx.state.listener_message()
-            state, remark = await local_state(
-                self.listener.execute_local_transaction, first, "local transaction", first, arg
-            )
+            try:
+                state, remark = await local_state(
+                    self.listener.execute_local_transaction, first, "local transaction", first, arg
+                )
+            except BaseException:
+                take_watches(tx.transaction_id, tx)  # interrupted: the check-back settles it
+                raise
             await tx.settle(state, remark)
         return tx.results
 

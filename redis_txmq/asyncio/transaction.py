@@ -72,11 +72,16 @@ class AsyncTransaction(HandleState):
     ) -> None:
         if self._in_flight is None:
             return
-        tx = self._in_flight
         if self.ended:  # ended early (commit() / rollback()): what the rows say no longer matters
-            take_watches(tx.transaction_id)
+            take_watches(self._in_flight.transaction_id, self)
             return
-        settled = settle(tx.transaction_id, tx.message.topic, *outcome_of_block(exc_type, exc))
+        await self._settle(*outcome_of_block(exc_type, exc))
+
+    async def _settle(self, state: LocalTransactionState, remark: str | None) -> None:
+        """End with ``state``, corrected by where the transaction's log row stands; while it waits in an outer
+        database transaction, the COMMIT waits for that transaction's commit (:mod:`redis_txmq.log_rows`)."""
+        tx = self.in_flight
+        settled = settle(tx.transaction_id, tx.message.topic, state, remark, self)
         if not settled.waiting:
             await self._end(settled.state, settled.remark)
             return
@@ -91,8 +96,12 @@ class AsyncTransaction(HandleState):
             logger.warning("tx=%s the COMMIT after the outer database commit failed: %s", self.transaction_id, exc)
 
     async def commit(self) -> TransactionSendResult:
-        """Commit now: the message becomes visible; leaving the block later changes nothing."""
-        return await self._end(LocalTransactionState.COMMIT, None)
+        """Commit now: the message becomes visible (while its log row waits in an outer database transaction, once
+        that transaction commits); leaving the block later changes nothing."""
+        if self.result is None:
+            await self._settle(LocalTransactionState.COMMIT, None)
+        assert self.result is not None
+        return self.result
 
     async def rollback(self) -> TransactionSendResult:
         """Roll back now, without an exception: the message is dropped."""
@@ -125,7 +134,7 @@ class AsyncTransactionOfMany(ManyHandleState):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self.state.ended:
-            take_watches(self.state.transaction_id)
+            take_watches(self.state.transaction_id, self)
             return
         await self.settle(*outcome_of_block(exc_type, exc))
 
@@ -133,7 +142,7 @@ class AsyncTransactionOfMany(ManyHandleState):
         """End with ``state``, or, while the transaction's log row waits in an outer database transaction, when
         that transaction commits (:mod:`redis_txmq.log_rows`)."""
         topic = self.state.parts[0].message.topic if self.state.parts else ""
-        settled = settle(self.state.transaction_id, topic, state, remark)
+        settled = settle(self.state.transaction_id, topic, state, remark, self)
         if not settled.waiting:
             await self.end(settled.state, settled.remark)
             return
@@ -153,8 +162,11 @@ class AsyncTransactionOfMany(ManyHandleState):
         return (await self._producer._prepare(message, self.state)).message
 
     async def commit(self) -> list[TransactionSendResult]:
-        """Commit now: every message becomes visible; leaving the block later changes nothing."""
-        return await self.end(LocalTransactionState.COMMIT, None)
+        """Commit now: every message becomes visible (while the log row waits in an outer database transaction,
+        once that transaction commits); leaving the block later changes nothing."""
+        if self.state.results is None:
+            await self.settle(LocalTransactionState.COMMIT, None)
+        return self.results
 
     async def rollback(self) -> list[TransactionSendResult]:
         """Roll back now, without an exception: every message is dropped."""

@@ -108,7 +108,8 @@ class TransactionLog(TransactionLogRules):
         values = self._committed_values(transaction_id, topic)
         _model().objects.using(self.using).create(recorded_at=timezone.now(), **values)
         if not isinstance(transaction_or_id, str):
-            watch_row(transaction_id, AtomicBlockWatch(connection, self.using))
+            owner = transaction_or_id if isinstance(transaction_or_id, (HandleState, ManyHandleState)) else None
+            watch_row(transaction_id, AtomicBlockWatch(connection, self.using), owner)
 
     def check(self, message: Message) -> LocalTransactionState:
         """Answer a check-back from the log; see the module's description of the rules."""
@@ -193,7 +194,9 @@ class TransactionLog(TransactionLogRules):
 class AtomicBlockWatch:
     """A log row written in a Django atomic block. Django runs an ``on_commit`` callback after the outermost
     transaction commits and drops it when the savepoint or transaction it was registered in rolls back: a callback
-    that ran means committed, one still registered means pending, one gone means rolled back."""
+    that ran means committed, one still registered means pending. One gone is rolled back, unless a commit's hooks
+    are running or were cut short (an earlier hook raised: Django's ``run_commit_hooks_on_set_autocommit_on`` stays
+    set until they all ran) or the connection was closed (a failed commit may have been applied): in doubt then."""
 
     def __init__(self, connection: Any, using: str) -> None:
         self._connection = connection  # the recording thread's: read, never used, from the thread that ends
@@ -214,8 +217,14 @@ class AtomicBlockWatch:
         with self._lock:
             if self._committed:
                 return RowState.COMMITTED
-        if any(entry[1] is self._callback for entry in list(self._connection.run_on_commit)):
+        connection = self._connection
+        if any(entry[1] is self._callback for entry in list(connection.run_on_commit)):
             return RowState.PENDING
+        if connection.run_commit_hooks_on_set_autocommit_on or connection.connection is None:
+            return RowState.IN_DOUBT
+        with self._lock:  # its commit's hooks may have just finished on another thread
+            if self._committed:
+                return RowState.COMMITTED
         return RowState.ROLLED_BACK
 
     def when_committed(self, then: Callable[[], None]) -> bool:

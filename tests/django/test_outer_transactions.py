@@ -258,3 +258,39 @@ def test_asyncio_handle_waits_for_an_outer_commit_on_another_thread(
         settle_in_flight(real_client)
     assert published(real_client, rolled_back) == 0
     assert published(real_client, committed) == 1
+
+
+def test_commit_hooks_cut_short_leave_the_transaction_to_the_check_back(
+    django_database: str, real_client: Any, redis_url: str
+) -> None:
+    """Another ``on_commit`` callback, registered first, raises after the database committed: Django runs no later
+    callback, the watch's among them. The row is committed, but nothing here saw it: the transaction is in doubt,
+    left to the check-back (it was rolled back: an order saved and never published)."""
+    log = TransactionLog(using=django_database, local_transaction_max_seconds=30, lock_timeout_seconds=2)
+
+    def send_welcome_email() -> None:
+        raise RuntimeError("the mail server is down")
+
+    with TransactionProducer("order_group", checker=log.checker(), redis_url=redis_url, settings=CHECK_NOW) as p:
+        with pytest.raises(RuntimeError), p.transaction(Message("orders", b"13")) as tx:
+            with transaction.atomic(using=django_database):
+                transaction.on_commit(send_welcome_email, using=django_database)
+                log.record(tx)
+                Order.objects.using(django_database).create(
+                    order_id=13, transaction_id=tx.transaction_id, customer="ada", amount=1
+                )
+        assert tx.result.local_transaction_state is UNKNOWN
+        settle_in_flight(real_client)
+    assert published(real_client, tx.transaction_id) == 1
+
+
+def test_a_django_connection_error_leaves_the_transaction_to_the_check_back() -> None:
+    """A COMMIT whose reply was lost raises Django's OperationalError (or InterfaceError) and Django drops the
+    connection's commit hooks: the commit may have been applied, so the block decides nothing."""
+    from django.db.utils import InterfaceError, OperationalError
+
+    from redis_txmq.sending import outcome_of_block
+
+    for error in (OperationalError("server closed the connection unexpectedly"), InterfaceError("closed")):
+        assert outcome_of_block(type(error), error)[0] is UNKNOWN
+    assert outcome_of_block(IntegrityError, IntegrityError("duplicate"))[0] is ROLLBACK
