@@ -170,9 +170,22 @@ class Consumer(ConsumerProtocol):
 
         A dropped connection, a restart or a failover does not end the loop: it is logged and the read is retried
         with backoff (0.1 s doubling to 5 s)."""
-        while (message := self._drive(self._next_message_steps())) is not None:
+        while (message := self._next_message()) is not None:
             yield message
         self._drive(self._release_steps())
+
+    def _next_message(self) -> ConsumedMessage | None:
+        self._busy = True
+        try:
+            message = self._drive(self._next_message_steps())
+        finally:
+            self._busy = False
+        if self._closed:  # closed while it was chosen: it goes back with the rest, and the close is finished here
+            if message is not None:
+                self._unhandled.insert(0, message)
+            self._close_now()
+            return None
+        return message
 
     def run(self, handler: Callable[[ConsumedMessage], Any], *, max_messages: int | None = None) -> int:
         """Call ``handler`` for each message and ack it when the handler returns; a handler that raises leaves
@@ -185,16 +198,28 @@ class Consumer(ConsumerProtocol):
         event loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread``). The sync consumer takes
         plain functions only (a coroutine function raises :class:`~redis_txmq.errors.ConfigurationError`)."""
         refuse_coroutine_function(handler, f"{self._where}: run()")
-        return self._drive(self._run_steps(handler, max_messages))
+        self._busy = True
+        try:
+            return self._drive(self._run_steps(handler, max_messages))
+        finally:
+            self._busy = False
+            if self._closed:  # close() came while it ran: hand back and close now that nothing is in hand
+                self._close_now()
 
     def close(self) -> None:
         """Stop, hand back what this consumer holds (another consumer takes it at once), and close the client if
-        this consumer made it (from ``redis_url``). While :meth:`run` has a message in hand, ``run`` hands back
-        once it is handled."""
+        this consumer made it (from ``redis_url``). While :meth:`run` is under way (or iteration is choosing its
+        next message), it does both once its message in hand is handled and acked."""
         self.stop()
         self._closed = True
-        if self._in_hand is None:
-            self._drive(self._release_steps())
+        if not self._busy:
+            self._close_now()
+
+    def _close_now(self) -> None:
+        if self._close_done:  # run() and close() from two threads may both get here
+            return
+        self._close_done = True
+        self._drive(self._release_steps())
         if self._owns_client:
             self.client.close()
 

@@ -246,7 +246,11 @@ class ConsumerProtocol:
         """Messages handled by ``run()`` whose ack failed on a cluster (their master is down): acked at each poll."""
         self._unhandled: list[ConsumedMessage] = []
         """What ``run()`` or iteration read and has not handed out yet: handed out first, or handed back on stop."""
-        self._in_hand: ConsumedMessage | None = None
+        self._busy = False
+        self._close_done = False
+        """Whether ``run()``, or iteration's choice of the next message, is under way: a ``close()`` meanwhile
+        leaves the hand-back (and closing its own client) to it, so that nothing it is about to handle, or handling,
+        is handed to another consumer."""
         """The message ``run()``'s handler has: a ``close()`` meanwhile leaves the hand-back to ``run()``."""
         self._lease_held = False
         """Whether the consumer holds its lease (and its heartbeat runs): from its first read until it stops."""
@@ -476,7 +480,7 @@ class ConsumerProtocol:
         while True:
             messages = yield from self._read_steps(int(slice_s * 1000))
             remaining = deadline - time.monotonic()
-            if messages or slice_s >= wait or remaining < 0.001:
+            if messages or slice_s >= wait or remaining < 0.001 or self._stop.is_set():
                 return messages
             slice_s = blocking_slice(remaining, socket_timeout)
 
@@ -800,11 +804,11 @@ class ConsumerProtocol:
                     break
                 self._unhandled = list(batch)
                 continue
-            message = self._unhandled.pop(0)
+            message = self._unhandled[0]  # taken off once the check answered: an interrupt leaves it to hand back
             held = yield from self._held_steps(message)
-            if held is None:  # stopped while Redis could not be asked
-                self._unhandled.insert(0, message)
+            if held is None or self._stop.is_set():  # stopped meanwhile: it goes back with the rest
                 break
+            self._unhandled.pop(0)
             if held:
                 return message
         return None
@@ -854,7 +858,6 @@ class ConsumerProtocol:
             message = yield from self._next_message_steps()
             if message is None:
                 return handled
-            self._in_hand = message
             try:
                 yield Handle(handler, message)
             except Exception:  # noqa: BLE001 - a failing handler must not kill the consumer
@@ -867,8 +870,6 @@ class ConsumerProtocol:
                     message.delivery_count,
                 )
                 continue
-            finally:
-                self._in_hand = None
             yield from self._ack_in_run_steps(message)
             handled += 1
             if max_messages is not None and handled >= max_messages:

@@ -244,3 +244,54 @@ def freeze(api: Any, consumer: Any) -> None:
     else:
         heartbeat.stop(5)
     target._heartbeat = None
+
+
+def test_close_while_run_checks_its_next_message_never_lets_two_handlers_run_on_it(real_client, redis_url):
+    """``close()`` from another thread lands while ``run()`` is between its ownership check and its handler: the
+    hand-back waited for ``run()`` (it handed everything back, the lease at 0, and ``run()`` still called its
+    handler on the message another consumer then took: two handlers on one message)."""
+    from redis_txmq import Consumer
+
+    keys = TopicKeys("close-race")
+    for trial in range(12):
+        group = f"g{trial}"
+        for i in range(100):
+            real_client.xadd(keys.topic_stream, {"body": b"%d" % i})
+        consumer = Consumer("close-race", group, "a", redis_url=redis_url, batch_size=100, block=0.05)
+        closing = threading.Event()
+        late: list[str] = []
+
+        def handler(
+            message: ConsumedMessage, closing: threading.Event = closing, late: list[str] = late, group: str = group
+        ) -> None:
+            if closing.is_set():
+                late.append(message.id)
+                time.sleep(0.05)  # the hand-back, had it not waited, lands meanwhile
+                if real_client.hget(keys.consumer_leases(group), "a") in (None, b"0"):
+                    late.append("handed back while its handler runs: another consumer takes it")
+
+        failures: list[BaseException] = []
+
+        def run(handler: Any = handler, failures: list[BaseException] = failures, consumer: Any = consumer) -> None:
+            try:
+                consumer.run(lambda message: handler(message))
+            except BaseException as exc:  # noqa: BLE001 - the test's thread reports it
+                failures.append(exc)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        time.sleep(0.005 * (trial % 6))
+        closing.set()
+        consumer.close()
+        runner.join(30)
+        assert not runner.is_alive()
+        assert not failures, failures
+        lease = real_client.hget(keys.consumer_leases(group), "a")
+        if late:  # at most the message already in hand when close() came, and it was acked before the hand-back
+            assert len(late) == 1, late
+            assert not [
+                entry
+                for entry in real_client.xpending_range(keys.topic_stream, group, "-", "+", 1000)
+                if entry["message_id"].decode() == late[0]
+            ], "handled and acked before the hand-back"
+        assert lease in (None, b"0"), "handed back once run() was done"

@@ -169,9 +169,22 @@ class Consumer(ConsumerProtocol):
 
         A dropped connection, a restart or a failover does not end the loop: it is logged and the read is retried
         with backoff (0.1 s doubling to 5 s)."""
-        while (message := await self._drive(self._next_message_steps())) is not None:
+        while (message := await self._next_message()) is not None:
             yield message
         await self._drive(self._release_steps())
+
+    async def _next_message(self) -> ConsumedMessage | None:
+        self._busy = True
+        try:
+            message = await self._drive(self._next_message_steps())
+        finally:
+            self._busy = False
+        if self._closed:  # closed while it was chosen: it goes back with the rest, and the close is finished here
+            if message is not None:
+                self._unhandled.insert(0, message)
+            await self._close_now()
+            return None
+        return message
 
     async def run(self, handler: Callable[[ConsumedMessage], Any], *, max_messages: int | None = None) -> int:
         """Call ``handler`` for each message and ack it when the handler returns; a handler that raises leaves
@@ -184,16 +197,28 @@ class Consumer(ConsumerProtocol):
         event loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread``). The sync consumer takes
         plain functions only (a coroutine function raises :class:`~redis_txmq.errors.ConfigurationError`)."""
         async_refuse_coroutine_function(handler, f"{self._where}: run()")
-        return await self._drive(self._run_steps(handler, max_messages))
+        self._busy = True
+        try:
+            return await self._drive(self._run_steps(handler, max_messages))
+        finally:
+            self._busy = False
+            if self._closed:  # close() came while it ran: hand back and close now that nothing is in hand
+                await self._close_now()
 
     async def close(self) -> None:
         """Stop, hand back what this consumer holds (another consumer takes it at once), and close the client if
-        this consumer made it (from ``redis_url``). While :meth:`run` has a message in hand, ``run`` hands back
-        once it is handled."""
+        this consumer made it (from ``redis_url``). While :meth:`run` is under way (or iteration is choosing its
+        next message), it does both once its message in hand is handled and acked."""
         self.stop()
         self._closed = True
-        if self._in_hand is None:
-            await self._drive(self._release_steps())
+        if not self._busy:
+            await self._close_now()
+
+    async def _close_now(self) -> None:
+        if self._close_done:  # run() and close() from two threads may both get here
+            return
+        self._close_done = True
+        await self._drive(self._release_steps())
         if self._owns_client:
             await self.client.aclose()
 
