@@ -50,7 +50,12 @@ class AsyncAnswer(AsyncTransactionListener):
 def delete_topic(client: Any, topic: str) -> None:
     """Delete a bench topic and its companions, one key per call (cluster-safe)."""
     assert topic.startswith(TOPIC_PREFIX), topic
-    for key in TopicKeys(topic).script_keys():
+    keys = TopicKeys(topic)
+    if client.type(keys.topic_stream) in (b"stream", "stream"):
+        for group in client.xinfo_groups(keys.topic_stream):  # the consumers' leases, one hash per group
+            name = group["name"]
+            client.delete(keys.consumer_leases(name.decode() if isinstance(name, bytes) else name))
+    for key in keys.script_keys():
         client.delete(key)
     client.srem(TOPIC_REGISTRY, topic)
     client.zrem(SCHEDULE, topic)
