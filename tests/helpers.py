@@ -65,3 +65,18 @@ def server_ms(client: Any) -> int:
     """The Redis server's clock in ms: ages are measured on it, never on a client's."""
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+def published_of(client: Any, stream: str, transaction_id: str) -> int:
+    """How many entries of the topic stream ``stream`` belong to ``transaction_id`` (its messages ``<id>.<i>``
+    included)."""
+    entries = client.xrange(stream)
+    return sum(1 for _, fields in entries if fields[b"transaction_id"].decode().split(".")[0] == transaction_id)
+
+
+def check_until_settled(client: Any, settings: Any, inflight_key: str, timeout: float = 30) -> None:
+    """Check rounds until nothing is in flight in ``inflight_key``: what is left there is asked about."""
+    from checker import Checker
+
+    checker = Checker(client, settings)
+    wait_until(lambda: checker.run_round() is not None and client.hlen(inflight_key) == 0, timeout=timeout)

@@ -14,14 +14,13 @@ from sqlalchemy import Column, Integer, String, Table, event, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
 from redis_txmq.keys import TopicKeys
 from redis_txmq.sqlalchemy import TransactionLog
 
 from .databases import Database
-from .helpers import wait_until
+from .helpers import check_until_settled, published_of
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
 CHECK_NOW = Settings(transaction_timeout=0, check_interval=0.2, heartbeat_interval=0.2, claim_idle=1)
@@ -60,13 +59,11 @@ def fencing_log(database: Database) -> TransactionLog:
 
 
 def published(client: Any, transaction_id: str) -> int:
-    entries = client.xrange(KEYS.topic_stream)
-    return sum(1 for _, fields in entries if fields[b"transaction_id"].decode().split(".")[0] == transaction_id)
+    return published_of(client, KEYS.topic_stream, transaction_id)
 
 
 def settle_in_flight(client: Any) -> None:
-    checker = Checker(client, CHECK_NOW)
-    wait_until(lambda: checker.run_round() is not None and client.hlen(KEYS.inflight) == 0, timeout=30)
+    check_until_settled(client, CHECK_NOW, KEYS.inflight)
 
 
 def state_of(database: Database, transaction_id: str) -> str | None:

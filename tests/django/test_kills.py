@@ -72,6 +72,19 @@ def output(process: subprocess.Popen[str]) -> str:
     return process.stdout.read() if process.stdout else ""
 
 
+def check_until_all_published(client: Any) -> None:
+    """Check rounds until every order is on the topic and nothing is in flight."""
+    checker = Checker(client, SETTINGS)
+    wait_until(
+        lambda: (
+            checker.run_round() is not None
+            and client.xlen("orders") == ORDERS
+            and client.hlen(TopicKeys("orders").inflight) == 0
+        ),
+        timeout=30,
+    )
+
+
 def test_kills_between_database_commit_and_end_call_and_between_commit_and_ack(
     django_database: str, real_client: Any, redis_url: str
 ) -> None:
@@ -83,15 +96,7 @@ def test_kills_between_database_commit_and_end_call_and_between_commit_and_ack(
         assert Order.objects.using(alias).count() == 4, "order 4 committed in the database before the kill"
         running.append(producer(alias, redis_url))  # places the rest, answers the check-back
         assert running[0].stdout is not None and "placed" in running[0].stdout.readline()
-        checker = Checker(real_client, SETTINGS)
-        wait_until(
-            lambda: (
-                checker.run_round() is not None
-                and real_client.xlen("orders") == ORDERS
-                and real_client.hlen(TopicKeys("orders").inflight) == 0
-            ),
-            timeout=30,
-        )
+        check_until_all_published(real_client)
 
         dies = billing(alias, redis_url, kill_at=6)
         assert dies.wait(60) == -9, output(dies)
@@ -130,15 +135,7 @@ def test_kills_around_the_commit_of_the_request_that_holds_the_log_row(
         assert Order.objects.using(alias).count() == 5, "order 6 rolled back with its process"
         running.append(producer(alias, redis_url, request="request-before"))  # places the rest, answers
         assert running[0].stdout is not None and "placed" in running[0].stdout.readline()
-        checker = Checker(real_client, SETTINGS)
-        wait_until(
-            lambda: (
-                checker.run_round() is not None
-                and real_client.xlen("orders") == ORDERS
-                and real_client.hlen(TopicKeys("orders").inflight) == 0
-            ),
-            timeout=30,
-        )
+        check_until_all_published(real_client)
     finally:
         for process in running:
             process.kill()

@@ -27,7 +27,7 @@ from redis_txmq.django import TransactionLog
 from redis_txmq.django.models import TransactionLogEntry
 from redis_txmq.keys import TopicKeys
 
-from ..helpers import wait_until
+from ..helpers import check_until_settled, published_of, wait_until
 from .outer_urls import STATE, OrderListener
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
@@ -38,14 +38,11 @@ pytestmark = pytest.mark.urls("tests.django.outer_urls")
 
 
 def published(client: Any, transaction_id: str) -> int:
-    entries = client.xrange(KEYS.topic_stream)
-    return sum(1 for _, fields in entries if fields[b"transaction_id"].decode().split(".")[0] == transaction_id)
+    return published_of(client, KEYS.topic_stream, transaction_id)
 
 
 def settle_in_flight(client: Any) -> None:
-    """Check rounds until nothing is in flight: a transaction left there is asked about, and the log answers."""
-    checker = Checker(client, CHECK_NOW)
-    wait_until(lambda: checker.run_round() is not None and client.hlen(KEYS.inflight) == 0, timeout=30)
+    check_until_settled(client, CHECK_NOW, KEYS.inflight)
 
 
 @pytest.fixture
