@@ -20,20 +20,29 @@ published twice), nothing else listed, no stage left but a parked job's.
 Expiry is driven, not waited for: a lease passes by setting its end in the past and listing the job as due (what
 time does); a decision expires by deleting it and its published records. The checker runs with ``max_age`` and
 ``transaction_timeout`` near zero: a job's age must not matter, only its lease. A failing example is shrunk and
-printed as a sequence of steps: make it a plain regression test. The run is seeded; ``TXMQ_MODEL_EXAMPLES=500``
-runs a longer exploration. ``tests/README.md`` says which defects it finds.
+printed as a sequence of steps: make it a plain regression test.
+
+A lease that passes comes with what meets it in the same step (its driver stalled or dead; a checker later, at once,
+or at once and pausing), and as a stalled driver's commit after a round
+(``a_stalled_driver_commits_after_its_lease_passed``); a replay may start long after (its batch's decision
+expired). Each rule draws its choices and calls a step method; the known defect shapes are pinned programs of those
+steps (``PINNED``, ``tests/model_programs.py``), run before the search in every run. The run is seeded at every
+setting (the same 200 examples each time; ``TXMQ_MODEL_EXAMPLES=N`` runs N, seeded too); ``TXMQ_MODEL_RANDOM=1``
+explores new ones. ``tests/README.md`` says which defects it finds, and how fast (``tests/model_defects/run.py``
+re-introduces them).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
@@ -49,6 +58,8 @@ from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
 
 from spark_connector.writer import BatchWriter, StreamWriter, _staged, parse_write_options, write_rows  # noqa: E402
 
+from .model_programs import Programs, Steps  # noqa: E402
+
 pytestmark = pytest.mark.real
 
 TOPIC = "m"
@@ -56,7 +67,11 @@ STREAMS = ("m#0", "m#1")
 SINK = "model-sink"
 CHECKER = Settings(max_age=0.001, transaction_timeout=0)
 """The checker: every decided job is due at once; an undecided one only once its lease has passed."""
-EXAMPLES = int(os.environ.get("TXMQ_MODEL_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("TXMQ_MODEL_EXAMPLES", "200"))
+RANDOM = bool(os.environ.get("TXMQ_MODEL_RANDOM"))
+"""Seeded at every number of examples (the same examples on every run); ``TXMQ_MODEL_RANDOM=1`` explores new ones."""
+PHASES = [p for p in Phase if os.environ.get("TXMQ_MODEL_SHRINK") != "0" or p not in (Phase.shrink, Phase.explain)]
+"""``TXMQ_MODEL_SHRINK=0``: a failure is reported as found, not shrunk (to time the search alone)."""
 COUNTS = st.integers(0, 4)
 ENDINGS = st.sampled_from(["succeeds", "succeeds", "fails", "fails reading"])
 """How a task attempt ends: it returns its commit message, or fails after writing (its message lost), or while
@@ -227,32 +242,47 @@ class JobModel(RuleBasedStateMachine):
             )
         ]
 
-    # -- rules -----------------------------------------------------------------------------------------------------
+    # -- rules (each draws its choices, then calls the step below it: the pinned programs call the steps) -----------
+
+    def _plan(self, data: st.DataObject, partitions: int) -> list[tuple[int, str]]:
+        """Per partition, the rows its first attempt stages and how it ends."""
+        return [(data.draw(COUNTS, label="rows"), data.draw(ENDINGS, label="ending")) for _ in range(partitions)]
 
     @rule(data=st.data(), partitions=st.integers(1, 2))
     def start_batch_job(self, data: st.DataObject, partitions: int) -> None:
         """A batch write: the driver makes its writer, then a task attempt per partition runs."""
+        self.batch_job(self._plan(data, partitions))
+
+    def batch_job(self, plan: list[tuple[int, str]]) -> Run:
         writer = BatchWriter(self.batch_options)
         job = Job(self._name("b"), writer.keys, micro=False)
         self.jobs.append(job)
-        self._start(data, Run(job, partitions, writer))
+        return self._start(Run(job, len(plan), writer), plan)
 
     @precondition(lambda self: not any(run.job.micro for run in self.runs))
-    @rule(data=st.data(), partitions=st.integers(1, 2))
-    def start_micro_batch(self, data: st.DataObject, partitions: int) -> None:
+    @rule(data=st.data(), partitions=st.integers(1, 2), long_after=st.booleans())
+    def start_micro_batch(self, data: st.DataObject, partitions: int, long_after: bool) -> None:
         """The query runs its next micro-batch: the one after the last its checkpoint recorded (a replay when the
-        sink had committed it)."""
+        sink had committed it); ``long_after``: a restart so late that the decision of the batch it replays has
+        expired."""
+        if long_after and self._expirable():
+            self.expire_decision(self._expirable()[0])
+        self.micro_batch(self._plan(data, partitions))
+
+    def micro_batch(self, plan: list[tuple[int, str]]) -> Run:
+        assert not any(run.job.micro for run in self.runs), "one micro-batch of the query runs at a time"
         batch_id = self.checkpoint + 1
         job = self.micro.get(batch_id)
         if job is None:
             job = self.micro[batch_id] = Job(f"s{batch_id}", JobKeys.of_batch(SINK, batch_id), micro=True)
             self.jobs.append(job)
-        self._start(data, Run(job, partitions, StreamWriter(self.stream_options)))
+        return self._start(Run(job, len(plan), StreamWriter(self.stream_options)), plan)
 
-    def _start(self, data: st.DataObject, run: Run) -> None:
+    def _start(self, run: Run, plan: list[tuple[int, str]]) -> Run:
         self.runs.append(run)
-        for partition in range(run.partitions):
-            self._attempt(run, partition, data.draw(COUNTS, label="rows"), data.draw(ENDINGS, label="ending"))
+        for partition, (count, ending) in enumerate(plan):
+            self._attempt(run, partition, count, ending)
+        return run
 
     @precondition(lambda self: self.runs)
     @rule(data=st.data(), count=COUNTS, ending=ENDINGS)
@@ -285,12 +315,25 @@ class JobModel(RuleBasedStateMachine):
         job.attempts[name] = attempt
         run.attempts.append(name)
 
+    def first_done(self, run: Run) -> list[Attempt]:
+        """The first attempt of each partition that succeeded (what a pinned program commits)."""
+        return [
+            next(
+                run.job.attempts[name]
+                for name in run.attempts
+                if run.job.attempts[name].partition == partition and run.job.attempts[name].message is not None
+            )
+            for partition in range(run.partitions)
+        ]
+
     @precondition(lambda self: self._committable())
     @rule(data=st.data())
     def driver_commits(self, data: st.DataObject) -> None:
         run = data.draw(st.sampled_from(self._committable()), label="run")
+        self.commit(run, self._choose(data, run))
+
+    def commit(self, run: Run, chosen: list[Attempt]) -> None:
         job = run.job
-        chosen = self._choose(data, run)
         messages = [attempt.message for attempt in chosen]
         raises, decides = self._commit_expectation(run, chosen)
         if job.micro:
@@ -317,8 +360,10 @@ class JobModel(RuleBasedStateMachine):
         connection): Spark calls abort, or the driver dies before. (A decision that names a set aside stage is
         refused: nothing decided.)"""
         run = data.draw(st.sampled_from(self._undecided()), label="run")
+        self.commit_raises_after_deciding(run, self._choose(data, run), then, partial)
+
+    def commit_raises_after_deciding(self, run: Run, chosen: list[Attempt], then: str, partial: bool) -> None:
         job = run.job
-        chosen = self._choose(data, run)
         messages = [attempt.message for attempt in chosen]
         staged = _staged(messages)
         refused = any((attempt.name in job.set_aside or attempt.expired) and attempt.rows for attempt in chosen)
@@ -354,7 +399,9 @@ class JobModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def spark_aborts(self, data: st.DataObject) -> None:
         """A task failed for good (or the query stopped): Spark aborts with the messages it has."""
-        run = data.draw(st.sampled_from(self.runs), label="run")
+        self.spark_abort(data.draw(st.sampled_from(self.runs), label="run"))
+
+    def spark_abort(self, run: Run) -> None:
         messages = [run.job.attempts[name].message for name in run.attempts]
         self._abort(run, [m for m in messages if m is not None])
 
@@ -365,10 +412,26 @@ class JobModel(RuleBasedStateMachine):
         self._end(data.draw(st.sampled_from(self.runs), label="run"))
 
     @precondition(lambda self: any(job.decided is None and job.attempts for job in self.jobs))
-    @rule(data=st.data())
-    def lease_passes(self, data: st.DataObject) -> None:
-        """Time passes beyond the job's lease with no renewal: its driver died, or stalled (it may still commit)."""
+    @rule(
+        data=st.data(),
+        driver=st.sampled_from(["stalled", "died"]),
+        checker=st.sampled_from(["later", "round", "pauses"]),
+    )
+    def lease_passes(self, data: st.DataObject, driver: str, checker: str) -> None:
+        """Time passes beyond the job's lease with no renewal: its driver stalled (it may still commit) or died;
+        then a checker looks later, at once (a round), or at once and pauses between setting a micro-batch's stages
+        aside and settling it."""
         job = data.draw(st.sampled_from([j for j in self.jobs if j.decided is None and j.attempts]), label="job")
+        if driver == "died":
+            for run in [run for run in self.runs if run.job is job]:
+                self._end(run)
+        self.lease_passes_for(job)
+        if checker == "round":
+            self.checker_round()
+        elif checker == "pauses" and job.micro:
+            self.pause_checker(job)
+
+    def lease_passes_for(self, job: Job) -> None:
         self._lease_passes(job)
         job.lease_passed = True
 
@@ -377,6 +440,17 @@ class JobModel(RuleBasedStateMachine):
         if self.client.hexists(job.keys.decision, "lease_ms"):
             self.client.hset(job.keys.decision, "lease_ms", 1)
         self.client.zadd(JOB_REGISTRY, {job.keys.decision: 0})
+
+    @precondition(lambda self: self._undecided())
+    @rule(data=st.data())
+    def a_stalled_driver_commits_after_its_lease_passed(self, data: st.DataObject) -> None:
+        """The narrow path of a lease that passes under a live driver, in one step: the driver stalls, its lease
+        passes, a check round settles the job (a batch job rolled back, a micro-batch's stages set aside), then the
+        driver wakes and commits: the commit must raise, nothing published."""
+        run = data.draw(st.sampled_from(self._undecided()), label="run")
+        self.lease_passes_for(run.job)
+        self.checker_round()
+        self.commit(run, self._choose(data, run))
 
     @precondition(lambda self: any(job.decided for job in self.jobs))
     @rule()
@@ -404,13 +478,17 @@ class JobModel(RuleBasedStateMachine):
                     job.decided = "ROLLBACK"
                 job.lease_passed = False
 
-    @precondition(lambda self: any(job.micro and job.decided is None and job.lease_passed for job in self.jobs))
+    def _passed(self) -> list[Job]:
+        return [job for job in self.jobs if job.micro and job.decided is None and job.lease_passed]
+
+    @precondition(lambda self: self._passed())
     @rule(data=st.data())
     def a_checker_pauses_before_settling(self, data: st.DataObject) -> None:
         """A checker sets aside the stages of a micro-batch whose lease passed, then pauses before it deletes them
         and unlists the job: a replay of the batch may lease, decide COMMIT and die meanwhile."""
-        jobs = [job for job in self.jobs if job.micro and job.decided is None and job.lease_passed]
-        job = data.draw(st.sampled_from(jobs), label="job")
+        self.pause_checker(data.draw(st.sampled_from(self._passed()), label="job"))
+
+    def pause_checker(self, job: Job) -> None:
         checker = WriteJob(self.client, job.keys, CHECKER)
         status, job_decision, _ = checker.expire()
         if status != "DISCARDED" or job_decision is None:
@@ -424,28 +502,31 @@ class JobModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def a_paused_checker_settles(self, data: st.DataObject) -> None:
         """It deletes the stages it set aside and unlists the job, unless another run of it is not settled."""
-        job, checker, job_decision = self.paused.pop(data.draw(st.integers(0, len(self.paused) - 1), label="paused"))
+        self.settle_paused(data.draw(st.integers(0, len(self.paused) - 1), label="paused"))
+
+    def settle_paused(self, index: int) -> None:
+        job, checker, job_decision = self.paused.pop(index)
         try:
             checker.settle(job_decision)
         finally:
             checker.close()
 
-    @precondition(
-        lambda self: any(a.rows and a.message for j in self.jobs if j.decided is None for a in j.attempts.values())
-    )
-    @rule(data=st.data())
-    def a_stage_entry_xadd_would_refuse(self, data: st.DataObject) -> None:
-        """Another tool (or a bug) wrote into a task attempt's stage an entry whose row cannot be published."""
-        attempts = [
+    def _corruptible(self) -> list[Attempt]:
+        return [
             a
             for j in self.jobs
             if j.decided is None
             for a in j.attempts.values()
             if a.rows and a.message and a.name not in j.set_aside
         ]
-        if not attempts:
-            return
-        attempt = data.draw(st.sampled_from(attempts), label="attempt")
+
+    @precondition(lambda self: self._corruptible())
+    @rule(data=st.data())
+    def a_stage_entry_xadd_would_refuse(self, data: st.DataObject) -> None:
+        """Another tool (or a bug) wrote into a task attempt's stage an entry whose row cannot be published."""
+        self.corrupt_stage(data.draw(st.sampled_from(self._corruptible()), label="attempt"))
+
+    def corrupt_stage(self, attempt: Attempt) -> None:
         stage = attempt.message.stages[-1]
         if self.client.xadd(stage, {STAGE_ROWS_FIELD: BAD_ENTRY}, nomkstream=True) is not None:
             attempt.corrupt = stage
@@ -464,26 +545,30 @@ class JobModel(RuleBasedStateMachine):
     def a_stage_expires_before_the_decision(self, data: st.DataObject) -> None:
         """A task attempt's stage expires while its job is undecided (no running task renewed it): a COMMIT naming it
         is refused before it is decided, and nothing of the job is published (never half of it)."""
-        attempt = data.draw(st.sampled_from(self._live_stages()), label="attempt")
+        self.expire_stage(data.draw(st.sampled_from(self._live_stages()), label="attempt"))
+
+    def expire_stage(self, attempt: Attempt) -> None:
         for stage in attempt.message.stages:
             self.client.delete(stage)
         attempt.expired = True
 
-    @precondition(
-        lambda self: any(
-            job.decided == "COMMIT" and not job.unpublishable and not job.decision_expired
-            for job in self.micro.values()
-        )
-    )
+    def _expirable(self) -> list[Job]:
+        """The micro-batch the query runs next, when it was committed and its checkpoint did not record it (its
+        commit raised after deciding): the expiry of its decision is what a replay can meet. (An earlier batch's
+        decision expiring changes nothing the query can see: it never runs that batch id again.)"""
+        job = self.micro.get(self.checkpoint + 1)
+        if job is None or job.decided != "COMMIT" or job.unpublishable or job.decision_expired:
+            return []
+        return [job]
+
+    @precondition(lambda self: self._expirable())
     @rule(data=st.data())
     def a_micro_batch_decision_expires(self, data: st.DataObject) -> None:
-        """Long after: the decision of a published micro-batch is gone (the sink's last batch id stays)."""
-        candidates = [
-            job
-            for job in self.micro.values()
-            if job.decided == "COMMIT" and not job.unpublishable and not job.decision_expired
-        ]
-        job = data.draw(st.sampled_from(candidates), label="job")
+        """Long after: the decision of a published micro-batch is gone (the sink's last batch id stays), before
+        the query runs that batch again."""
+        self.expire_decision(data.draw(st.sampled_from(self._expirable()), label="job"))
+
+    def expire_decision(self, job: Job) -> None:
         if self.client.zscore(JOB_REGISTRY, job.keys.decision) is not None:
             return  # not settled yet: its decision outlives the publishing
         self._assert_published(job)
@@ -503,6 +588,15 @@ class JobModel(RuleBasedStateMachine):
             row for job in self.jobs if job.decided == "COMMIT" or job.decision_expired for row in job.committed
         }
         assert set(rows) <= committed, f"visible, never committed: {sorted(set(rows) - committed)}"
+
+    def check_now(self) -> None:
+        """Every invariant, as hypothesis checks them after each step (for the pinned programs)."""
+        self.nothing_twice_and_nothing_uncommitted()
+
+    def close(self) -> None:
+        """Release the paused checkers' connections (a program that failed leaves them)."""
+        while self.paused:
+            self.paused.pop()[1].close()
 
     def teardown(self) -> None:
         """Quiescence: every driver gone, every paused checker done, every lease passed, the settler run until
@@ -547,22 +641,109 @@ class JobModel(RuleBasedStateMachine):
                 assert any(key.startswith(job) or stage in key for job, stage in kept), f"{key} left at quiescence"
 
 
-@pytest.mark.timeout(600)
-def test_write_jobs_hold_against_their_model(redis_url: str) -> None:
+PINNED = Programs()
+"""The known defect shapes, as explicit programs of the model's steps: each once found a defect (the patch of
+``tests/model_defects/`` it names re-introduces it), and runs in every run whatever the random search draws."""
+
+
+@PINNED.pin
+def a_commit_after_the_lease_passed(s: Steps) -> None:
+    """A batch job's driver stalls past its lease, a check round rolls the job back, then the driver commits: the
+    commit must raise, so Spark reports the job failed (07)."""
+    run = s.batch_job(plan=[(1, "succeeds")])
+    s.lease_passes_for(job=run.job)
+    s.checker_round()
+    s.commit(run=run, chosen=s.machine.first_done(run))
+
+
+@PINNED.pin
+def a_check_round_under_a_live_driver(s: Steps) -> None:
+    """A check round while a batch job's lease holds (with max_age near zero), then the commit: the job is its
+    driver's, the commit publishes every row (08)."""
+    run = s.batch_job(plan=[(1, "succeeds")])
+    s.checker_round()
+    s.commit(run=run, chosen=s.machine.first_done(run))
+
+
+@PINNED.pin
+def an_abort_after_the_decision(s: Steps) -> None:
+    """A micro-batch's commit decides COMMIT and raises before publishing; Spark aborts: the abort publishes the
+    committed rows (09)."""
+    run = s.micro_batch(plan=[(1, "succeeds")])
+    s.commit_raises_after_deciding(run=run, chosen=s.machine.first_done(run), then="abort", partial=False)
+
+
+@PINNED.pin
+def a_stage_with_a_row_xadd_refuses(s: Steps) -> None:
+    """A stage holds two good rows and then an entry XADD refuses; the commit raises (the job is parked) and Spark
+    aborts: the good rows are never published twice (10)."""
+    run = s.batch_job(plan=[(2, "succeeds")])
+    s.corrupt_stage(attempt=s.machine.first_done(run)[0])
+    s.commit(run=run, chosen=s.machine.first_done(run))
+
+
+@PINNED.pin
+def a_commit_naming_an_expired_stage(s: Steps) -> None:
+    """One of a batch job's two stages expires before the commit: the COMMIT is refused before it is decided,
+    nothing of the job published (never half of it) (11)."""
+    run = s.batch_job(plan=[(1, "succeeds"), (1, "succeeds")])
+    s.expire_stage(attempt=s.machine.first_done(run)[0])
+    s.commit(run=run, chosen=s.machine.first_done(run))
+
+
+@PINNED.pin
+def a_replay_decides_while_a_checker_pauses(s: Steps) -> None:
+    """A micro-batch's driver dies and its lease passes; a checker sets its stages aside and pauses; the replay
+    leases, decides COMMIT and dies; the checker settles the discarded run: the replay's COMMIT must stay listed,
+    and be published (12)."""
+    run = s.micro_batch(plan=[(1, "succeeds")])
+    s._end(run=run)
+    s.lease_passes_for(job=run.job)
+    s.pause_checker(job=run.job)
+    replay = s.micro_batch(plan=[(1, "succeeds")])
+    s.commit_raises_after_deciding(run=replay, chosen=s.machine.first_done(replay), then="driver dies", partial=False)
+    s.settle_paused(index=0)
+
+
+@PINNED.pin
+def a_replay_with_rows_after_the_decision_expired(s: Steps) -> None:
+    """A micro-batch is committed (by Spark's abort after its commit raised: the checkpoint did not record it), its
+    decision expires, and the replay stages rows of its own: its commit must raise, not drop them in silence (13)."""
+    run = s.micro_batch(plan=[(1, "succeeds")])
+    s.commit_raises_after_deciding(run=run, chosen=s.machine.first_done(run), then="abort", partial=False)
+    s.expire_decision(job=run.job)
+    replay = s.micro_batch(plan=[(1, "succeeds")])
+    s.commit(run=replay, chosen=s.machine.first_done(replay))
+
+
+@pytest.fixture
+def model_client(redis_url: str) -> Iterator[redis.Redis]:
+    """The session's server, where the machine finds it."""
     global CLIENT, URL
     CLIENT, URL = redis.Redis.from_url(redis_url), redis_url
     try:
-        run_state_machine_as_test(
-            JobModel,
-            settings=settings(
-                max_examples=EXAMPLES,
-                stateful_step_count=30,
-                deadline=None,
-                derandomize=not os.environ.get("TXMQ_MODEL_EXAMPLES"),
-                suppress_health_check=list(HealthCheck),
-                database=None,
-            ),
-        )
+        yield CLIENT
     finally:
         CLIENT.close()
         CLIENT = None
+
+
+@pytest.mark.parametrize("program", sorted(PINNED))
+def test_pinned_program_holds(model_client: redis.Redis, program: str) -> None:
+    PINNED.run(program, JobModel())
+
+
+@pytest.mark.timeout(600)
+def test_write_jobs_hold_against_their_model(model_client: redis.Redis) -> None:
+    run_state_machine_as_test(
+        JobModel,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=not RANDOM,
+            phases=PHASES,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        ),
+    )

@@ -12,24 +12,33 @@ and at quiescence (every open block ended or abandoned, the checker and an opera
 every transaction all or nothing, committed exactly when its local transaction committed (unless an operator
 decided otherwise), and nothing left in flight, requested or pinned (no memory past the windows).
 
+The narrow fault paths also come as single rules, so that a search of CI's size meets them often: a send that can
+neither be marked nor rolled back and then the block's end (``a_failed_send_then_the_block_ends``), a decision while
+the block is open and then a send that fails (``send_after_an_early_decision``); every example starts with a
+transaction of several messages open. The known defect shapes are pinned programs (``PINNED``,
+``tests/model_programs.py``), run before the search in every run.
+
 A failing example is shrunk and printed as a sequence of steps: make it a plain regression test. The run is seeded
-(the same 100 examples each time); ``TXMQ_MODEL_EXAMPLES=1000 TXMQ_MODEL_RANDOM=1`` runs a longer, new exploration.
-``tests/README.md`` says which defects it finds.
+at every setting (the same 200 examples each time; ``TXMQ_MODEL_EXAMPLES=N`` runs N, seeded too);
+``TXMQ_MODEL_RANDOM=1`` explores new ones. ``tests/README.md`` says which defects it finds, and how fast
+(``tests/model_defects/run.py`` re-introduces them).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
     consumes,
+    initialize,
     invariant,
     rule,
     run_state_machine_as_test,
@@ -42,6 +51,8 @@ from redis_txmq.errors import PrepareError, TransactionConflictError, Transactio
 from redis_txmq.keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, decision_key, topic_keys_of_stream
 from redis_txmq.protocol import DeadAction, EndSource, RecordAction
 
+from .model_programs import Programs, Steps
+
 pytestmark = pytest.mark.real
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
@@ -50,9 +61,11 @@ STREAMS = ("orders", "audit#0", "audit#1")
 TOPICS = ("orders", "audit")
 SETTINGS = Settings(transaction_timeout=0, check_interval=0.001, check_max=2, heartbeat_interval=0.2)
 """Every transaction in flight is due at every check round; two checks read and not answered dead-letter it."""
-EXAMPLES = int(os.environ.get("TXMQ_MODEL_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("TXMQ_MODEL_EXAMPLES", "200"))
 RANDOM = bool(os.environ.get("TXMQ_MODEL_RANDOM"))
-"""Seeded by default (the same examples on every run); ``TXMQ_MODEL_RANDOM=1`` explores new ones."""
+"""Seeded at every number of examples (the same examples on every run); ``TXMQ_MODEL_RANDOM=1`` explores new ones."""
+PHASES = [p for p in Phase if os.environ.get("TXMQ_MODEL_SHRINK") != "0" or p not in (Phase.shrink, Phase.explain)]
+"""``TXMQ_MODEL_SHRINK=0``: a failure is reported as found, not shrunk (to time the search alone)."""
 
 CLIENT: redis.Redis | None = None
 """The real server of the test session (set by the test before the machine runs)."""
@@ -163,6 +176,16 @@ class ProtocolModel(RuleBasedStateMachine):
 
         runner.run = lost
 
+    def _lose_next_rollback(self) -> None:
+        """The producer's next end calls (the rollback of a send that failed) are lost with their connection."""
+        broker = self.producer.broker
+
+        def lost(ends: Any) -> Any:
+            del broker.end_transactions
+            raise TxMQConnectionError("connection reset")
+
+        broker.end_transactions = lost
+
     def _restore(self) -> None:
         broker = self.producer.broker
         for name in ("run",):
@@ -207,18 +230,29 @@ class ProtocolModel(RuleBasedStateMachine):
         self.returned[handle.transaction_id] = set()
         return OpenMany(handle)
 
+    @initialize(target=manys)
+    def a_transaction_of_several_is_open(self) -> Any:
+        """Every example starts with the block of a transaction of several messages open: its edges (sends that
+        fail, decisions while it is open, its record) are within reach from the first step."""
+        return self.open_many()
+
     @rule(
         many=manys,
         topic=st.sampled_from(TOPICS),
-        fault=st.sampled_from(["none", "none", "lost", "lost_then_retried", "refused"]),
+        fault=st.sampled_from(["none", "none", "lost", "lost_then_retried", "refused", "lost_unrolled"]),
         slow=st.booleans(),
+        before=st.integers(0, 2),
     )
-    def send(self, many: OpenMany | None, topic: str, fault: str, slow: bool) -> None:
-        """``tx.send`` in an open block; ``slow``: the block then runs so long that the checks of the messages it
-        sent so far run out (they are dead-lettered before it ends)."""
+    def send(self, many: OpenMany | None, topic: str, fault: str, slow: bool, before: int = 0) -> None:
+        """``tx.send`` in an open block (after ``before`` sends that return: blocks send several messages);
+        ``slow``: the block then runs so long that the checks of the messages it sent so far run out (they are
+        dead-lettered before it ends). ``lost_unrolled``: the reply is lost, the send is marked as failed, and the
+        rollback of its half message is lost too (left to whoever ends it later)."""
         if many is None or many.transaction_id not in self.running:
             return
         try:
+            for _ in range(before):
+                self._send(many, topic, "none")
             self._send(many, topic, fault)
         finally:
             if slow:
@@ -229,6 +263,8 @@ class ProtocolModel(RuleBasedStateMachine):
         message = Message(topic, body, keys=body.decode())
         if fault != "none":
             self._lose_next_reply(before=fault == "refused")
+        if fault == "lost_unrolled":
+            self._lose_next_rollback()
         try:
             many.handle.send(message)
         except PrepareError:
@@ -286,6 +322,25 @@ class ProtocolModel(RuleBasedStateMachine):
         self._failed_send(many, body)
         self.unmarked_of.setdefault(many.transaction_id, set()).add(body)
 
+    @rule(
+        many=manys,
+        topic=st.sampled_from(TOPICS),
+        marked=st.booleans(),
+        how=st.sampled_from(["commit", "ends_lost", "rollback"]),
+    )
+    def a_failed_send_then_the_block_ends(self, many: OpenMany | None, topic: str, marked: bool, how: str) -> None:
+        """The narrow path of a send that can neither be marked nor rolled back, in one step: its reply is lost and
+        Redis cannot be reached to mark it (``marked``: it is marked, but its rollback is lost), then the block ends
+        (``ends_lost``: its ends after the decision are lost) and a check round runs."""
+        if many is None or many.transaction_id not in self.running:
+            return
+        if marked:
+            self._send(many, topic, "lost_unrolled")
+        else:
+            self.send_lost_and_unmarked(many, topic, retried=False, round_between=False)
+        self._close(many.handle, many.transaction_id, how)
+        self._round()
+
     @rule(many=manys)
     def decided_while_open(self, many: OpenMany | None) -> None:
         """An operator decides COMMIT while the block is still open (its messages follow it from then on)."""
@@ -293,6 +348,23 @@ class ProtocolModel(RuleBasedStateMachine):
             return
         self.producer.broker.decide(many.transaction_id, GROUP, COMMIT, EndSource.OPERATOR)
         self._operator_decided(many.transaction_id, "COMMIT")
+
+    @rule(
+        many=manys,
+        topic=st.sampled_from(TOPICS),
+        fault=st.sampled_from(["lost_then_retried", "lost", "none", "unmarked_then_retried"]),
+    )
+    def send_after_an_early_decision(self, many: OpenMany | None, topic: str, fault: str) -> None:
+        """The narrow path of a decision made while the block is open, in one step: the decision, then the
+        block's next send, which fails and may be retried (the retry must be refused: the failed send follows the
+        decision), or cannot be marked and is retried."""
+        if many is None or many.transaction_id not in self.running:
+            return
+        self.decided_while_open(many)
+        if fault == "unmarked_then_retried":
+            self.send_lost_and_unmarked(many, topic, retried=True, round_between=False)
+        else:
+            self._send(many, topic, fault)
 
     # -- ends ---------------------------------------------------------------------------------------------------
 
@@ -317,7 +389,7 @@ class ProtocolModel(RuleBasedStateMachine):
         how=st.sampled_from(["commit", "rollback", "ends_lost", "dies_before_commit", "dies_after_commit"]),
     )
     def close_many(self, many: OpenMany | None, how: str) -> None:
-        if many is None:
+        if many is None or many.transaction_id not in self.running:  # ended already (a_failed_send_then_the_block_ends)
             return
         self._close(many.handle, many.transaction_id, how)
 
@@ -453,11 +525,18 @@ class ProtocolModel(RuleBasedStateMachine):
     def round_whose_check_requests_fail(self, step: str, how: str) -> None:
         """A check round whose deletes of the requests it replaces (XDEL) or whose new requests (XADD) fail: the
         pipeline raises (a dropped connection, a failover) or the server refuses each command (out of memory). The
-        round's checks are not sent, their count is given back, the checker goes on."""
+        round's checks are not sent, their count is given back, the checker goes on. Only the pipelines that write
+        the group's check request stream fail: the round's other pipelines (its ack of the answers it applied, its
+        reads) go through."""
         execute = redis.client.Pipeline.execute
+        requests = GroupKeys(GROUP).check_requests
+
+        def writes_requests(command: Any) -> bool:
+            name, key = command[0][0], command[0][1] if len(command[0]) > 1 else b""
+            return name == step and (key.decode() if isinstance(key, bytes) else str(key)) == requests
 
         def failing(pipe: Any, *args: Any, **kwargs: Any) -> Any:
-            if not any(command[0][0] == step for command in pipe.command_stack):
+            if not any(writes_requests(command) for command in pipe.command_stack):
                 return execute(pipe, *args, **kwargs)
             count = len(pipe.command_stack)
             pipe.reset()
@@ -474,8 +553,10 @@ class ProtocolModel(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 7), action=st.sampled_from([DeadAction.COMMIT, DeadAction.ROLLBACK]))
     def operator_crashes_before_releasing(self, pick: int, action: DeadAction) -> None:
         """``txmq dead commit|rollback`` resolves, then its process dies before it releases the record; the
-        operator runs it again (what the README says to do after an interruption)."""
-        dead = [letter["transaction_id"] for letter in dead_letters(self.client)]
+        operator runs it again (what the README says to do after an interruption). A dead letter of a transaction of
+        several messages when there is one: only those have a record to release."""
+        letters = [letter["transaction_id"] for letter in dead_letters(self.client)]
+        dead = [txid for txid in letters if "." in txid] or letters
         if not dead:
             return
         transaction_id = dead[pick % len(dead)]
@@ -599,14 +680,23 @@ class ProtocolModel(RuleBasedStateMachine):
                 f"{body!r} published although its send raised"
             )
 
+    def check_now(self) -> None:
+        """Every invariant, as hypothesis checks them after each step (for the pinned programs)."""
+        self.a_decision_stands_while_a_message_of_it_is_dead_lettered()
+        self.the_schedule_covers_what_is_in_flight()
+        self.nothing_twice_nothing_unasked()
+
     def teardown(self) -> None:
         try:
             self._settle()
             self._all_or_nothing()
         finally:
-            self.producer._state = "shut down"
-            self.producer.broker.close()
-            self.checker.broker.close()
+            self.close()
+
+    def close(self) -> None:
+        self.producer._state = "shut down"
+        self.producer.broker.close()
+        self.checker.broker.close()
 
     def _settle(self) -> None:
         """Until nothing is in flight: abandon open blocks (their processes died), run check rounds, answer, and
@@ -662,22 +752,107 @@ class ProtocolModel(RuleBasedStateMachine):
             assert self.client.pttl(key) > 0, f"{key!r} kept for ever with nothing dead-lettered"
 
 
-@pytest.mark.timeout(900)
-def test_the_protocol_holds_against_its_model(redis_url: str) -> None:
+PINNED = Programs()
+"""The known defect shapes, as explicit programs of the model's rules: each once found a defect (the patch of
+``tests/model_defects/`` it names re-introduces it), and runs in every run whatever the random search draws."""
+
+
+@PINNED.pin
+def a_retry_after_an_early_decision(s: Steps) -> None:
+    """An operator decides COMMIT while the block is open; the next send's reply is lost (its half follows the
+    decision) and the caller retries it: the retry must be refused, else the body is published twice (01)."""
+    many = s.open_many()
+    s.send(many=many, topic="orders", fault="none", slow=False)
+    s.decided_while_open(many=many)
+    s.send(many=many, topic="audit", fault="lost_then_retried", slow=False)
+    s.close_many(many=many, how="commit")
+    s.check_cycle()
+
+
+@PINNED.pin
+def an_operator_run_again_releases_the_record(s: Steps) -> None:
+    """The checks of two messages run out while their block is open (both dead-lettered, the record pinned); the
+    operator's commit dies before it releases the record and is run again naming one of them; the producer dies
+    too (its ends would have let go): the record must let go of both, or it is kept for ever (02)."""
+    many = s.open_many()
+    s.send(many=many, topic="orders", fault="none", slow=False)
+    s.send(many=many, topic="audit", fault="none", slow=True)
+    s.operator_crashes_before_releasing(pick=0, action=DeadAction.COMMIT)
+    s.close_many(many=many, how="dies_before_commit")
+
+
+@PINNED.pin
+def the_record_outlives_a_dead_letter(s: Steps) -> None:
+    """A message is dead-lettered, another published by the commit; records expire, then an operator rolls the
+    dead letter back: the record must still stand (COMMIT), or half the transaction is visible (03)."""
+    many = s.open_many()
+    s.send(many=many, topic="orders", fault="none", slow=True)
+    s.send(many=many, topic="audit", fault="none", slow=False)
+    s.close_many(many=many, how="commit")
+    s.records_expire()
+    s.operator_resolves(pick=0, action=DeadAction.ROLLBACK)
+
+
+@PINNED.pin
+def a_send_neither_marked_nor_rolled_back(s: Steps) -> None:
+    """A send whose reply is lost while Redis cannot be reached to mark it; the block commits: the decision must
+    carry the failed send, which is then rolled back, never published (04)."""
+    many = s.open_many()
+    s.send(many=many, topic="orders", fault="none", slow=False)
+    s.send_lost_and_unmarked(many=many, topic="audit", retried=False, round_between=False)
+    s.close_many(many=many, how="commit")
+    s.check_cycle()
+
+
+@PINNED.pin
+def a_failed_send_whose_rollback_is_lost(s: Steps) -> None:
+    """A send fails and is marked, but its rollback is lost, and so are the ends after the COMMIT decision: the
+    checker must end the failed send's half with ROLLBACK (the record voids it), the other with COMMIT (05)."""
+    many = s.open_many()
+    s.send(many=many, topic="orders", fault="none", slow=False)
+    s.send(many=many, topic="audit", fault="lost_unrolled", slow=False)
+    s.close_many(many=many, how="ends_lost")
+    s.check_cycle()
+
+
+@PINNED.pin
+def a_round_whose_retire_of_requests_fails(s: Steps) -> None:
+    """A check request goes unanswered; the next round's delete of it (the request it replaces) raises: the
+    checker goes on (06)."""
+    s.open_single(topic="orders", fault="none")
+    s.check_round()
+    s.round_whose_check_requests_fail(step="XDEL", how="raised")
+    s.check_round()
+
+
+@pytest.fixture
+def model_client(redis_url: str) -> Iterator[redis.Redis]:
+    """The session's server, where the machine finds it."""
     global CLIENT
     CLIENT = redis.Redis.from_url(redis_url)
     try:
-        run_state_machine_as_test(
-            ProtocolModel,
-            settings=settings(
-                max_examples=EXAMPLES,
-                stateful_step_count=40,
-                deadline=None,
-                derandomize=not RANDOM,
-                suppress_health_check=list(HealthCheck),
-                database=None,
-            ),
-        )
+        yield CLIENT
     finally:
         CLIENT.close()
         CLIENT = None
+
+
+@pytest.mark.parametrize("program", sorted(PINNED))
+def test_pinned_program_holds(model_client: redis.Redis, program: str) -> None:
+    PINNED.run(program, ProtocolModel())
+
+
+@pytest.mark.timeout(900)
+def test_the_protocol_holds_against_its_model(model_client: redis.Redis) -> None:
+    run_state_machine_as_test(
+        ProtocolModel,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=40,
+            deadline=None,
+            derandomize=not RANDOM,
+            phases=PHASES,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        ),
+    )
