@@ -49,6 +49,7 @@ from redis_txmq import LocalTransactionState, Message, Settings, TransactionList
 from redis_txmq.admin import dead_letters, resolve_dead_transaction
 from redis_txmq.errors import PrepareError, TransactionConflictError, TransactionError, TxMQConnectionError
 from redis_txmq.keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, decision_key, topic_keys_of_stream
+from redis_txmq.log_rows import RowState, watch_row
 from redis_txmq.protocol import DeadAction, EndSource, RecordAction
 
 from .model_programs import Programs, Steps
@@ -108,6 +109,30 @@ class OpenMany:
         self.transaction_id = handle.transaction_id
 
 
+class OuterTransaction:
+    """The database transaction around a block whose log row it holds (Django's ``ATOMIC_REQUESTS``, a session
+    still open): the row's watch, as the Django and SQLAlchemy logs attach one (``redis_txmq.log_rows``)."""
+
+    def __init__(self) -> None:
+        self.row = RowState.PENDING
+        self.then: list[Any] = []
+
+    def state(self) -> RowState:
+        return self.row
+
+    def when_committed(self, then: Any) -> bool:
+        self.then.append(then)
+        return True
+
+    def commits(self) -> None:
+        self.row = RowState.COMMITTED
+        for call in self.then:
+            call()
+
+    def rolls_back(self) -> None:
+        self.row = RowState.ROLLED_BACK
+
+
 class ProtocolModel(RuleBasedStateMachine):
     singles = Bundle("singles")
     manys = Bundle("manys")
@@ -156,6 +181,9 @@ class ProtocolModel(RuleBasedStateMachine):
         self.decided_open: set[str] = set()
         """Transactions an operator decided while their block was open: a send that raised then follows that
         decision (too late to be voided), as its error says."""
+        self.outer: dict[str, OuterTransaction] = {}
+        """Transactions whose block ended while their log row waits in an outer database transaction (still
+        running: a check-back waits on the row and answers UNKNOWN)."""
 
     # -- sends --------------------------------------------------------------------------------------------------
 
@@ -392,6 +420,41 @@ class ProtocolModel(RuleBasedStateMachine):
         if many is None or many.transaction_id not in self.running:  # ended already (a_failed_send_then_the_block_ends)
             return
         self._close(many.handle, many.transaction_id, how)
+
+    @rule(single=consumes(singles))
+    def close_single_in_an_outer_transaction(self, single: OpenSingle | None) -> None:
+        if single is not None:
+            self._close_in_an_outer_transaction(single.handle, single.transaction_id)
+
+    @rule(many=consumes(manys))
+    def close_many_in_an_outer_transaction(self, many: OpenMany | None) -> None:
+        if many is not None and many.transaction_id in self.running:
+            self._close_in_an_outer_transaction(many.handle, many.transaction_id)
+
+    def _close_in_an_outer_transaction(self, handle: Any, transaction_id: str) -> None:
+        """The block ends normally, its log row in an outer transaction still open: nothing may be published until
+        that transaction commits (defect: the handle committed here, before the database did)."""
+        outer = OuterTransaction()
+        watch_row(transaction_id, outer, handle)
+        handle.__exit__(None, None, None)
+        self.outer[transaction_id] = outer
+
+    @rule(pick=st.integers(0, 7), how=st.sampled_from(["commit", "rollback", "dies_after_commit", "dies_before"]))
+    def outer_transaction_ends(self, pick: int, how: str) -> None:
+        """The outer transaction commits (the deferred COMMIT goes out), rolls back (the check-back fences it), or
+        its process dies before or after its commit (the check-back decides from the row)."""
+        if not self.outer:
+            return
+        transaction_id = sorted(self.outer)[pick % len(self.outer)]
+        outer = self.outer.pop(transaction_id)
+        self.running.discard(transaction_id)
+        if how.startswith("dies"):
+            self.died.add(transaction_id)
+        if how in ("rollback", "dies_before") or not self._commit_locally(transaction_id):
+            outer.rolls_back()
+            return
+        if how == "commit":
+            outer.commits()
 
     def _close(self, handle: Any, transaction_id: str, how: str) -> None:
         self.running.discard(transaction_id)
