@@ -37,7 +37,7 @@ ROOT = HERE.parent.parent
 MODELS = ("tests/test_protocol_model.py", "tests/test_job_model.py")
 PINNED = "pinned"
 """Part of the name of every test that runs a pinned program (``-k``)."""
-STEP = re.compile(r"^E?\s*(?:\w+ = )?state\.(\w+)\(")
+STEP = re.compile(r"^[E|\s]*(?:\w+ = )?state\.(\w+)\(")
 ERROR = re.compile(r"^E\s+[\w.]*(Error|Exception|Exit)\b")
 LOGS = Path(tempfile.gettempdir()) / "txmq-model-defects"
 
@@ -64,6 +64,20 @@ def invariant_names() -> set[str]:
     for model in MODELS:
         names |= set(re.findall(r"@invariant\(\)\n\s*def (\w+)", (ROOT / model).read_text()))
     return names
+
+
+def count_steps(out: str) -> int:
+    """The steps of the smallest failing example printed (hypothesis prints one per distinct failure, each up to its
+    teardown), invariants not counted; 0 when none is printed."""
+    invariants, counts, steps = invariant_names(), [], 0
+    for line in out.splitlines():
+        match = STEP.match(line)
+        if match and match.group(1) == "teardown":
+            counts.append(steps)
+            steps = 0
+        elif match and match.group(1) not in invariants:
+            steps += 1
+    return min((count for count in counts if count), default=0)
 
 
 def run_one(
@@ -110,13 +124,13 @@ def run_one(
     failures = re.findall(r"^FAILED (\S+)", out, re.M)
     failed = failures[0] if failures else None
     skipped = re.search(r"\d+ skipped", out) and not re.search(r"\d+ (passed|failed)", out)
-    rules = invariant_names()
-    steps = sum(1 for line in out.splitlines() if (m := STEP.match(line.strip())) and m.group(1) not in rules)
+    steps = count_steps(out)
     return {
         "found": "skipped" if skipped else ("FOUND" if failed else ("not found" if done.returncode == 0 else "error")),
         "seconds": f"{seconds:.0f}",
         "test": ", ".join(failure.split("::", 1)[-1] for failure in failures),
         "steps": str(steps) if failed and steps else "",
+        "distinct": (distinct.group(1) if (distinct := re.search(r"found (\d+) distinct failures", out)) else ""),
         "why": next((line[1:].strip() for line in out.splitlines() if ERROR.match(line)), "")[:160],
         "log": str(log),
     }
@@ -150,6 +164,7 @@ def main() -> int:
         line = f"{patch.stem if patch else '(no patch)'}: {result['found']} in {result['seconds']} s"
         if result["test"]:
             line += f" by {result['test']}" + (f", {result['steps']} steps" if result["steps"] else "")
+            line += f" ({result['distinct']} distinct failures)" if result["distinct"] else ""
             line += f": {result['why']}"
         print(f"{line} [{result['log']}]", flush=True)
     return 0
