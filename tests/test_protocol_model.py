@@ -888,6 +888,17 @@ def a_round_whose_retire_of_requests_fails(s: Steps) -> None:
     s.check_round()
 
 
+@PINNED.pin
+def a_block_ends_inside_an_outer_transaction(s: Steps) -> None:
+    """A block ends while its log row waits in an outer database transaction, which then rolls back: nothing may be
+    published before that transaction commits, and nothing once it rolled back (14)."""
+    single = s.open_single(topic="orders", fault="none")
+    s.close_single_in_an_outer_transaction(single=single)
+    s.check_cycle()
+    s.outer_transaction_ends(pick=0, how="rollback")
+    s.check_cycle()
+
+
 @pytest.fixture
 def model_client(redis_url: str) -> Iterator[redis.Redis]:
     """The session's server, where the machine finds it."""
