@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from redis_txmq import Message, Settings, TransactionProducer
-from redis_txmq.broker import RedisBroker
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.sync.broker import RedisBroker
 
 from .common import BODY, TOPIC_PREFIX, Answer, TopicChecker, answering_producer, delete_topic
 

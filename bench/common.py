@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
 from redis_txmq.asyncio import TransactionListener as AsyncTransactionListener
-from redis_txmq.connection import connect
-from redis_txmq.keys import GROUP_REGISTRY, SCHEDULE, TOPIC_REGISTRY, GroupKeys, TopicKeys
+from redis_txmq.core.keys import GROUP_REGISTRY, SCHEDULE, TOPIC_REGISTRY, GroupKeys, TopicKeys
+from redis_txmq.transport.connection import connect
 
 BODY = b'{"order_id": 123456, "amount": 42.5, "customer": "someone", "currency": "EUR"}'
 """A typical small order event (79 bytes)."""

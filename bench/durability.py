@@ -15,10 +15,10 @@ from dataclasses import replace
 from typing import Any
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
-from redis_txmq.admin import available_levels
-from redis_txmq.connection import server_info
-from redis_txmq.durability import has_waitaof
-from redis_txmq.embedded import EmbeddedRedis
+from redis_txmq.core.durability import has_waitaof
+from redis_txmq.ops.admin import available_levels
+from redis_txmq.transport.connection import server_info
+from redis_txmq.transport.embedded import EmbeddedRedis
 
 from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, spread
 
@@ -106,7 +106,7 @@ def main() -> None:
     import json
     import sys
 
-    from redis_txmq.connection import connect
+    from redis_txmq.transport.connection import connect
 
     rounds, per_round = (int(arg) for arg in (sys.argv[1:3] + ["30", "200"][len(sys.argv[1:3]) :]))
     with EmbeddedRedis() as server:

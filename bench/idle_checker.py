@@ -42,11 +42,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from checker import Checker, CheckerMetrics
+from redis_txmq.checker import Checker, CheckerMetrics
+
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
-from redis_txmq.admin import registered_topics
-from redis_txmq.connection import connect, is_cluster
-from redis_txmq.keys import SCHEDULE, TOPIC_REGISTRY, TopicKeys, topic_meta_key
+from redis_txmq.core.clients import is_cluster
+from redis_txmq.core.keys import SCHEDULE, TOPIC_REGISTRY, TopicKeys, topic_meta_key
+from redis_txmq.ops.admin import registered_topics
+from redis_txmq.transport.connection import connect
 
 from .common import BODY, TOPIC_PREFIX, Answer, answering_producer, delete_groups, server_cpu_seconds
 
@@ -402,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``python -m bench.idle_checker [--topics 10,100,1000,10000] [--seconds 20]``, on a redis-server of its own."""
     from rich.console import Console
 
-    from redis_txmq.embedded import EmbeddedRedis
+    from redis_txmq.transport.embedded import EmbeddedRedis
 
     parser = argparse.ArgumentParser(prog="python -m bench.idle_checker", description=__doc__.split("\n\n")[0])
     parser.add_argument("--topics", type=_counts, default=list(DEFAULT_TOPICS), help="comma-separated topic counts")

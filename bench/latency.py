@@ -306,8 +306,8 @@ def main() -> None:
 
     from rich.console import Console
 
-    from redis_txmq.connection import connect
-    from redis_txmq.embedded import EmbeddedRedis
+    from redis_txmq.transport.connection import connect
+    from redis_txmq.transport.embedded import EmbeddedRedis
 
     from .report import latency_table, write_json
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
 
 from .common import BODY, TOPIC_PREFIX, Answer, TopicChecker, delete_topic
 

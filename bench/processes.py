@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redis_txmq import LocalTransactionState, Message, TransactionProducer
-from redis_txmq.connection import connect, server_nodes
+from redis_txmq.transport.connection import connect, server_nodes
 
 from .common import BODY, TOPIC_PREFIX, Answer, delete_topic, server_cpu_seconds, spread
 

@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import redis_txmq
-from redis_txmq.connection import connect, redact_url
-from redis_txmq.embedded import EmbeddedRedis, embedded_cluster
+from redis_txmq.core.clients import redact_url
+from redis_txmq.transport.connection import connect
+from redis_txmq.transport.embedded import EmbeddedRedis, embedded_cluster
 
 from .checkback import checkback_at_scale
 from .common import delete_groups

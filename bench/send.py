@@ -2,10 +2,10 @@
 asyncio producer with ``ASYNC_IN_FLIGHT`` sends in flight together (``asyncio.gather``) against the sync one.
 
 Each round times ``per_round`` plain XADDs, ``per_round`` sync sends, ``per_round`` sync sends through redis-py's
-own ``Script`` path (what :mod:`redis_txmq.direct` is measured against), ``per_round`` one-way sends (the one-way time
-includes its ``flush()``) and ``per_round`` asyncio sends, in an order that rotates every round, so the machine's
-drift hits all alike; the result is the median of the per-round ratios. Afterwards every committed transaction must
-be in its topic stream exactly once.
+own ``Script`` path (what :mod:`redis_txmq.transport.direct` is measured against), ``per_round`` one-way sends (the
+one-way time includes its ``flush()``) and ``per_round`` asyncio sends, in an order that rotates every round, so the
+machine's drift hits all alike; the result is the median of the per-round ratios. Afterwards every committed transaction
+must be in its topic stream exactly once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import redis.asyncio
 
 from redis_txmq import LocalTransactionState, Message, TransactionProducer
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
-from redis_txmq.direct import ScriptRunner
+from redis_txmq.sync.wire import run_scripts
+from redis_txmq.transport.direct import ScriptRunner
 
 from .common import BODY, TOPIC_PREFIX, Answer, AsyncAnswer, async_client_of, delete_topic, spread
 
@@ -43,7 +44,9 @@ def compare_send(client: Any, rounds: int, per_round: int, tick: Callable[[], No
     commit = Answer(LocalTransactionState.COMMIT)
     sync = TransactionProducer(f"{TOPIC_PREFIX}sync", commit, client=client).start()
     plain_path = TransactionProducer(f"{TOPIC_PREFIX}sync-redis-py", commit, client=client).start()
-    plain_path.broker.runner = ScriptRunner(client, direct=False)  # redis-py's Script objects, pool and callbacks
+    plain_path.broker.runner = ScriptRunner(
+        client, run_scripts, direct=False
+    )  # redis-py's Script objects, pool and callbacks
     oneway = TransactionProducer(f"{TOPIC_PREFIX}oneway", commit, client=client, oneway_end=True).start()
     loop = asyncio.new_event_loop()
     async_client = async_client_of(client, ASYNC_IN_FLIGHT)

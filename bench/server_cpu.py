@@ -189,8 +189,8 @@ def main() -> None:
     import argparse
     import json
 
-    from redis_txmq.connection import connect
-    from redis_txmq.embedded import EmbeddedRedis
+    from redis_txmq.transport.connection import connect
+    from redis_txmq.transport.embedded import EmbeddedRedis
 
     parser = argparse.ArgumentParser(prog="python -m bench.server_cpu", description=__doc__)
     parser.add_argument("rounds", nargs="?", type=int, default=30)

@@ -47,7 +47,7 @@ from typing import Any
 
 import redis
 
-from redis_txmq.embedded import EmbeddedRedis
+from redis_txmq.transport.embedded import EmbeddedRedis
 
 TOPIC = "bench-spark-read"
 STEADY_TOPIC = "bench-spark-read-steady"
@@ -70,7 +70,7 @@ def fill(client: redis.Redis, entries: int, topic: str = TOPIC) -> None:
 
 def python_loop(client: redis.Redis) -> int:
     """What a consumer does with each entry: ``decode_topic_entry`` (fields decoded, properties parsed)."""
-    from redis_txmq.entries import decode_topic_entry
+    from redis_txmq.core.entries import decode_topic_entry
 
     rows, cursor = 0, "-"
     while True:
@@ -113,10 +113,9 @@ def spread(ratios: list[float]) -> dict[str, float]:
 def measure(redis_url: str, entries: int, rounds: int) -> dict[str, Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    import redis_txmq.spark
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
-
-    import spark_connector
 
     client = redis.Redis.from_url(redis_url)
     fill(client, entries)
@@ -128,7 +127,7 @@ def measure(redis_url: str, entries: int, rounds: int) -> dict[str, Any]:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    spark_connector.register(spark)
+    redis_txmq.spark.register(spark)
     df = spark.read.format("redis-txmq").option("redis.url", redis_url).option("topics", TOPIC).load()
 
     def aggregated() -> int:
@@ -177,8 +176,8 @@ def measure(redis_url: str, entries: int, rounds: int) -> dict[str, Any]:
 
 def plan_ms(redis_url: str) -> float:
     """How long the driver takes to plan the batch read (the median of five)."""
-    from spark_connector.options import parse_options
-    from spark_connector.source import BatchReader
+    from redis_txmq.spark.options import parse_options
+    from redis_txmq.spark.source import BatchReader
 
     reader = BatchReader(parse_options({"redis.url": redis_url, "topics": TOPIC}, streaming=False))
     times = []

@@ -1,5 +1,5 @@
 """Prometheus metrics of one checker instance (text format through prometheus-client), and the HTTP server that
-serves them at ``/metrics`` with the probes ``/healthz`` and ``/readyz`` (:mod:`checker.health`)."""
+serves them at ``/metrics`` with the probes ``/healthz`` and ``/readyz`` (:mod:`redis_txmq.checker.health`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from redis_txmq.config import Settings
-from redis_txmq.keys import TopicKeys
-from redis_txmq.message import LocalTransactionState
+from redis_txmq.core.config import Settings
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.core.message import LocalTransactionState
 
 from .health import LOOP_STALL_AFTER, TOPIC_FAILURES, CheckerHealth
 from .observe import OBSERVE_INTERVAL, Observer
@@ -179,7 +179,8 @@ class CheckerMetrics:
             self.topic_failures.labels(topic).set(count)
 
     def observe(self, client: Any, topics: list[TopicKeys]) -> None:
-        """The gauges of topics, consumer groups and masters, when due (:class:`checker.observe.Observer`)."""
+        """The gauges of topics, consumer groups and masters, when due
+        (:class:`redis_txmq.checker.observe.Observer`)."""
         self.observer.observe(client, topics)
 
     def observe_masters(self, client: Any) -> None:

@@ -2,7 +2,7 @@
 dead letters waiting for an operator, each consumer group's lag, and which Redis masters answer; and the labels its
 counters take from what Redis holds (topics, producer groups), created at 0 as they appear.
 
-Read with the queries of ``txmq status`` (``redis_txmq.admin``, in pipelines over all topics), every ``interval``
+Read with the queries of ``txmq status`` (``redis_txmq.ops.admin``, in pipelines over all topics), every ``interval``
 seconds (not every round: about five commands per topic stream), less often with thousands of topics
 (:data:`TOPICS_PER_SECOND`). A topic that cannot be read keeps its last values and is counted in
 ``txmq_checker_errors_total{step="observe"}``; a topic or consumer group that is gone drops out of the gauges.
@@ -13,15 +13,35 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from redis_txmq import entries
-from redis_txmq.admin import by_topic, consumer_lags, streams_figures
-from redis_txmq.connection import REDIS_ERRORS, server_nodes
-from redis_txmq.keys import GROUP_REGISTRY, TopicKeys
+from prometheus_client import Counter, Gauge
 
-if TYPE_CHECKING:
-    from .metrics import CheckerMetrics
+from redis_txmq.core import entries
+from redis_txmq.core.clients import REDIS_ERRORS
+from redis_txmq.core.keys import GROUP_REGISTRY, TopicKeys
+from redis_txmq.ops.admin import by_topic, consumer_lags, streams_figures
+from redis_txmq.transport.connection import server_nodes
+
+
+class ObservedMetrics(Protocol):
+    """What the observer sets of the checker's metrics (:class:`redis_txmq.checker.metrics.CheckerMetrics`, which
+    owns an observer: the observer names only the series it writes)."""
+
+    checks_sent: Counter
+    commits: Counter
+    rollbacks: Counter
+    dead_letters: Counter
+    errors: Counter
+    topic_errors: Counter
+    consumer_dead_letters: Gauge
+    consumer_lag: Gauge
+    consumer_oldest_pending: Gauge
+    consumer_pending: Gauge
+    dead_letters_waiting: Gauge
+    master_up: Gauge
+    oldest_in_flight: Gauge
+
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +58,7 @@ class Observer:
     """Sets the checker's gauges of topics, consumer groups and masters from what Redis holds now."""
 
     def __init__(
-        self, metrics: CheckerMetrics, interval: float = OBSERVE_INTERVAL, clock: Callable[[], float] = time.monotonic
+        self, metrics: ObservedMetrics, interval: float = OBSERVE_INTERVAL, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.metrics = metrics
         self.interval = interval

@@ -1,5 +1,5 @@
 """Which topics a checker round looks at: those the checkers' schedule says are due (``txmq:schedule``,
-:data:`redis_txmq.keys.SCHEDULE`), and, on a full pass, every registered topic the schedule does not cover.
+:data:`redis_txmq.core.keys.SCHEDULE`), and, on a full pass, every registered topic the schedule does not cover.
 
 The schedule is what makes an idle checker cheap: a round reads one sorted set instead of visiting every topic. It
 holds each topic at or before its earliest check due (a look, ``lua/claim_checks.lua``, says when; a prepare into a
@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis_txmq.config import Settings
-from redis_txmq.connection import pipeline_each
-from redis_txmq.keys import SCHEDULE, TopicKeys, topic_keys_of_stream
+from redis_txmq.core.config import Settings
+from redis_txmq.core.keys import SCHEDULE, TopicKeys, topic_keys_of_stream
+from redis_txmq.transport.connection import pipeline_each
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The check-back worker (RocketMQ's TransactionalMessageCheckService), run as ``txmq checker``.
 
-One round: for every topic stream the checkers' schedule says is due (:mod:`checker.schedule`; on a full pass, also
-every registered topic it does not cover), claim the transactions due for a check (``lua/claim_checks.lua``:
+One round: for every topic stream the checkers' schedule says is due (:mod:`redis_txmq.checker.schedule`; on a full
+pass, also every registered topic it does not cover), claim the transactions due for a check (``lua/claim_checks.lua``:
 counted, rescheduled or dead-lettered atomically, so N checkers never check one transaction twice per interval)
 and send a check request to the transaction's producer group; then apply the answers of the reply stream through
 the producer's own end script. Checkers read the reply stream through one consumer group: the answers a dead
@@ -22,14 +22,12 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from redis_txmq import entries, tracing
-from redis_txmq.admin import registered_topics, resolve_dead_part
-from redis_txmq.broker import RedisBroker
-from redis_txmq.config import Settings
-from redis_txmq.connection import REDIS_ERRORS, blocking_slice, socket_timeout_of
-from redis_txmq.connection import instance_id as new_instance_id
-from redis_txmq.errors import TransactionError, TxMQConnectionError, TxMQError
-from redis_txmq.groups import (
+from redis_txmq.core import entries, tracing
+from redis_txmq.core.clients import REDIS_ERRORS, blocking_slice, socket_timeout_of
+from redis_txmq.core.clients import instance_id as new_instance_id
+from redis_txmq.core.config import Settings
+from redis_txmq.core.errors import TransactionError, TxMQConnectionError, TxMQError
+from redis_txmq.core.groups import (
     CURSOR_START,
     Backoff,
     PendingTakeover,
@@ -37,9 +35,8 @@ from redis_txmq.groups import (
     is_missing_group,
     read_group,
 )
-from redis_txmq.heartbeat import Heartbeat
-from redis_txmq.jobs.settling import settle_jobs
-from redis_txmq.keys import (
+from redis_txmq.core.heartbeat import Heartbeat
+from redis_txmq.core.keys import (
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
     REPLY_STREAM,
@@ -48,9 +45,9 @@ from redis_txmq.keys import (
     TopicKeys,
     topic_keys_of_stream,
 )
-from redis_txmq.layout import legacy_producers
-from redis_txmq.message import LocalTransactionState
-from redis_txmq.protocol import (
+from redis_txmq.core.layout import legacy_producers
+from redis_txmq.core.message import LocalTransactionState
+from redis_txmq.core.protocol import (
     DueCheck,
     EndCall,
     EndResult,
@@ -61,6 +58,10 @@ from redis_txmq.protocol import (
     TransactionRecord,
     message_index,
 )
+from redis_txmq.jobs.settling import settle_jobs
+from redis_txmq.ops.admin import registered_topics, resolve_dead_part
+from redis_txmq.sync.broker import RedisBroker
+from redis_txmq.sync.preload import preload
 
 from .metrics import CheckerMetrics
 from .schedule import TopicProbe, due_topic_keys, probe_topics
@@ -130,7 +131,7 @@ class Checker:
         self.scan_interval = scan_interval or min(1.0, self.settings.check_interval / 2)
         self.sweep_interval = sweep_interval
         self.full_pass_interval = full_pass_interval
-        """Seconds between two full passes over every registered topic (:mod:`checker.schedule`)."""
+        """Seconds between two full passes over every registered topic (:mod:`redis_txmq.checker.schedule`)."""
         self.only_topics = frozenset(only_topics) if only_topics is not None else None
         """The topics this checker looks after (None: all): a demo or a benchmark must not check other services'
         transactions with its short timeouts."""
@@ -158,7 +159,7 @@ class Checker:
         (:meth:`run` retries it with backoff instead)."""
         try:
             self.broker.load_scripts()
-            self.heartbeat.load()
+            preload(self.heartbeat.script)
             self._join_reply_group()
             self.heartbeat.beat()
         except REDIS_ERRORS as exc:

@@ -20,10 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 
+import redis_txmq.spark
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-
-import spark_connector
 
 ORDER_SCHEMA = "order_id long, amount double, customer string"
 
@@ -71,7 +70,7 @@ def main() -> None:
     options = parser.parse_args()
 
     spark = SparkSession.builder.appName("order-events-per-minute").getOrCreate()
-    spark_connector.register(spark)
+    redis_txmq.spark.register(spark)
     source = spark.readStream if options.stream else spark.read
     orders = parse(
         source.format("redis-txmq").option("redis.url", options.redis_url).option("topics", options.topic).load()

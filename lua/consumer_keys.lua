@@ -1,7 +1,7 @@
--- Prelude of the consumer scripts: the loader (redis_txmq/scripts.py) puts it in front of the script.
+-- Prelude of the consumer scripts: the loader (redis_txmq/core/scripts.py) puts it in front of the script.
 -- Every key is in the hash slot of the topic stream (hash tag {<topic stream key>}).
 -- KEYS[1]  topic_stream   stream  committed messages, read through a consumer group
--- KEYS[2]  dead_stream    stream  entries this consumer group gave up on (redis_txmq.keys, consumer-dead:<group>)
+-- KEYS[2]  dead_stream    stream  entries this consumer group gave up on (redis_txmq.core.keys, consumer-dead:<group>)
 -- KEYS[3]  leases         hash    consumer name -> the server time (ms) its lease on the entries it holds ends,
 --                                 renewed by its heartbeat; 0: it stopped and handed them back (consumer-leases:<group>)
 

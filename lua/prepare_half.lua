@@ -19,7 +19,7 @@
 --        the wake, may have been lost: include/repeat_wake.lua).
 -- One of the two calls of every send: no helper functions (see topic_keys.lua), seven commands on the common path
 -- (eight, with the wake, when nothing else of the topic is unchecked).
--- The topic key's type is checked when a process first sends to the topic (redis_txmq.protocol.refuse_topic_key),
+-- The topic key's type is checked when a process first sends to the topic (redis_txmq.core.protocol.refuse_topic_key),
 -- not here; the end refuses to commit onto a key of another type and keeps the transaction in flight.
 -- The prepare itself is the fragment lua/include/prepare_one.lua, whose parts prepare_halves.lua runs for
 -- each prepare of a batch; its header says how a prepare wakes the topic in the checkers' schedule (KEYS[14]).

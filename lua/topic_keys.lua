@@ -1,8 +1,8 @@
--- Prelude of every transaction script: the loader (redis_txmq/scripts.py) puts it in front of the script.
+-- Prelude of every transaction script: the loader (redis_txmq/core/scripts.py) puts it in front of the script.
 -- It only binds names: the helpers the other scripts share are in topic_lib.lua, which the two scripts of every
 -- send (prepare_half, end_transaction) do without, because each function a script defines is a closure made
 -- again on every call.
--- It binds KEYS, which the caller passes in the order of redis_txmq.keys.TopicKeys.script_keys(); every key is
+-- It binds KEYS, which the caller passes in the order of redis_txmq.core.keys.TopicKeys.script_keys(); every key is
 -- in the hash slot of the topic stream (hash tag {<topic stream key>}), so these scripts also run on Cluster.
 --
 -- KEYS[1]  half_stream   stream  half messages of in-flight transactions

@@ -1,5 +1,5 @@
 -- Helpers of the transaction scripts that run off the send path (claim_checks, sweep_half, bury_half,
--- dead_resolve): the loader (redis_txmq/scripts.py) puts this after topic_keys.lua. The steps the send path shares
+-- dead_resolve): the loader (redis_txmq/core/scripts.py) puts this after topic_keys.lua. The steps the send path shares
 -- with them are fragments in lua/include/, inlined as text (lua/README.md): end_transaction runs the same
 -- retire_half and expire_ended with no function around them.
 

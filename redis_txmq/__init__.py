@@ -1,9 +1,15 @@
-"""redis-txmq: RocketMQ-style transactional messages on Redis Streams."""
+"""redis-txmq: RocketMQ-style transactional messages on Redis Streams.
 
-from .config import Settings
-from .consumer import Consumer
-from .entries import ConsumedMessage
-from .errors import (
+The public names, re-exported from where they live: ``core/`` the protocol without I/O, ``sync/`` the sync shells
+(generated from ``asyncio/``), ``transport/`` connections; ``docs/contributing.md`` has the map of the folders."""
+
+import importlib
+from types import ModuleType
+
+from . import _moved
+from .core.config import Settings
+from .core.entries import ConsumedMessage
+from .core.errors import (
     ConfigurationError,
     CorruptEntryError,
     DelayNotSupportedError,
@@ -26,13 +32,24 @@ from .errors import (
     UnpublishableJobError,
     WriteJobError,
 )
-from .listener import TransactionListener
-from .message import LocalTransactionState, Message, SendStatus, TransactionSendResult
-from .producer import TransactionProducer
-from .topics import create_topic, partition_count
-from .transaction import Transaction
+from .core.listener import TransactionListener
+from .core.message import LocalTransactionState, Message, SendStatus, TransactionSendResult
+from .core.topics import create_topic, partition_count
+from .sync.consumer import Consumer
+from .sync.producer import TransactionProducer
+from .sync.transaction import Transaction
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_moved.install()
+
+
+def __getattr__(name: str) -> ModuleType:
+    """``redis_txmq.producer`` and the other module paths that moved in 0.2.0, with a DeprecationWarning."""
+    if f"{__name__}.{name}" in _moved.MOVED:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ConfigurationError",

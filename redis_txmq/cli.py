@@ -27,12 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .config import Settings
-from .connection import REDIS_ERRORS, connect, instance_id, redact_url
-from .durability import LEVELS
-from .durability import describe as describe_durability
-from .errors import ConfigurationError, TxMQConnectionError, TxMQError
-from .groups import Backoff
+from .core.clients import REDIS_ERRORS, instance_id, redact_url
+from .core.config import Settings
+from .core.durability import LEVELS
+from .core.durability import describe as describe_durability
+from .core.errors import ConfigurationError, TxMQConnectionError, TxMQError
+from .core.groups import Backoff
+from .transport.connection import connect
 
 console = Console()
 
@@ -218,7 +219,7 @@ def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import spark_connector
+    import redis_txmq.spark
 
     console.print("Spark reads the committed 'orders' stream (format redis-txmq, local[2]), this run's orders...")
     already_running = SparkSession.getActiveSession() is not None  # the caller's session: not ours to stop
@@ -241,7 +242,7 @@ def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
         os.close(saved)
     try:
         spark.sparkContext.setLogLevel("ERROR")
-        spark_connector.register(spark)
+        redis_txmq.spark.register(spark)
         orders = spark.read.format("redis-txmq").option("redis.url", redis_url).option("topics", "orders").load()
         parsed = orders.where(F.col("transaction_id").isin(transaction_ids)).select(
             "id", "keys", F.get_json_object(F.col("body").cast("string"), "$.amount").alias("amount")
@@ -259,7 +260,7 @@ def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
 
 def _run_checker(redis_url: str, settings: Settings, topic: str, stop: threading.Event) -> None:
     """A checker of ``topic`` only: the demo must not check (or time) other services' transactions."""
-    from checker import Checker
+    from redis_txmq.checker import Checker
 
     client = connect(redis_url)
     try:
@@ -281,8 +282,8 @@ def demo(redis_url: str | None, spark: bool) -> None:
 
     On a given Redis it writes to the topic 'orders': each run has its own producer and consumer groups (removed at
     the end), answers checks for its own transactions only and leaves none of them in flight."""
-    from .demo import run_demo
-    from .embedded import EmbeddedRedis
+    from .ops.demo import run_demo
+    from .transport.embedded import EmbeddedRedis
 
     embedded: EmbeddedRedis | None = None
     if redis_url is None:
@@ -419,7 +420,7 @@ def checker(
     """Run the check-back worker until SIGTERM or SIGINT; run several for availability.
 
     With --metrics-port: /metrics, /healthz for a liveness probe, /readyz for a readiness probe."""
-    from checker import Checker, CheckerMetrics
+    from redis_txmq.checker import Checker, CheckerMetrics
 
     settings = _settings(
         redis_url=redis_url,
@@ -488,7 +489,7 @@ def _client_once_reachable(settings: Settings, stop: threading.Event, metrics: A
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
     """Topics, producer groups and checkers at a glance."""
-    from .admin import status as read_status
+    from .ops.admin import status as read_status
 
     settings = _settings(redis_url=redis_url, cluster=cluster)
     report = read_status(_client(settings), live_seconds=settings.heartbeat_interval * 3)
@@ -591,7 +592,7 @@ def dead() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 def dead_list(redis_url: str | None, cluster: bool | None, topic: str | None, as_json: bool) -> None:
     """Dead-lettered transactions, oldest first."""
-    from .admin import dead_letters
+    from .ops.admin import dead_letters
 
     settings = _settings(redis_url=redis_url, cluster=cluster)
     rows = dead_letters(_client(settings), topic)
@@ -621,7 +622,7 @@ def dead_list(redis_url: str | None, cluster: bool | None, topic: str | None, as
 
 
 def _dead_action(name: str, help_text: str) -> None:
-    from .protocol import DeadAction
+    from .core.protocol import DeadAction
 
     action = DeadAction(name.upper())
 
@@ -631,8 +632,8 @@ def _dead_action(name: str, help_text: str) -> None:
     @cluster_option
     @click.option("--topic", help="The topic, when the id could be in several.")
     def command(transaction_id: str, redis_url: str | None, cluster: bool | None, topic: str | None) -> None:
-        from .admin import resolve_dead_transaction
-        from .broker import RedisBroker
+        from .ops.admin import resolve_dead_transaction
+        from .sync.broker import RedisBroker
 
         settings = _settings(redis_url=redis_url, cluster=cluster)
         broker = RedisBroker(_client(settings), settings)
@@ -689,7 +690,7 @@ def topic() -> None:
 @cluster_option
 def topic_create(name: str, partitions: int, redis_url: str | None, cluster: bool | None) -> None:
     """Create a topic with N partitions, before anything is sent to it (idempotent for the same N)."""
-    from .topics import create_topic
+    from .core.topics import create_topic
 
     settings = _settings(redis_url=redis_url, cluster=cluster)
     count = create_topic(_client(settings), name, partitions)
@@ -713,7 +714,7 @@ def acl(
     role: str, topics: tuple[str, ...], groups: tuple[str, ...], consumer_group: str | None, user: str, durability: str
 ) -> None:
     """Print the least-privilege ACL SETUSER line for a producer, checker, consumer, Spark reader or writer."""
-    from .acl import acl_rules
+    from .ops.acl import acl_rules
 
     try:
         rules = acl_rules(
@@ -788,6 +789,10 @@ def bench(
     """Measure send rates against plain XADD, producer processes, the checker at scale and memory per transaction."""
     from pathlib import Path
 
+    # an editable install maps the package alone (as the wheel has it); the benchmarks sit beside it in the checkout
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "bench" / "run.py").is_file() and str(checkout) not in sys.path:
+        sys.path.append(str(checkout))
     try:
         from bench.report import print_table, write_json, write_plot
         from bench.run import BenchOptions, run_bench

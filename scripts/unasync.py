@@ -3,9 +3,9 @@
 
 The asyncio modules under ``redis_txmq/asyncio/`` listed in :data:`SHELLS` are the source; each sync twin is written
 from it by rewriting tokens (``async def`` -> ``def``, ``await x`` -> ``x``, ``AsyncRedisBroker`` ->
-``RedisBroker``, ``redis.asyncio.X`` -> ``redis.X``, ``from ..`` -> ``from .``...), then formatted with ruff. What
-differs beyond tokens lives in :mod:`redis_txmq.synchronization` (an ``Async*`` primitive there has a sync twin of
-the same name without the prefix), or is marked in the source, one line at a time:
+``RedisBroker``, ``redis.asyncio.X`` -> ``redis.X``...) into ``redis_txmq/sync/``, a folder that holds nothing else,
+then formatted with ruff. What differs beyond tokens lives in :mod:`redis_txmq.transport.synchronization` (an ``Async*``
+primitive there has a sync twin of the same name without the prefix), or is marked in the source, one line at a time:
 
 - a line ending with ``# async-only`` is left out of the sync file;
 - a comment line ``# sync-only: <code>`` becomes ``<code>`` in the sync file (at the comment's indentation).
@@ -27,22 +27,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SHELLS = {
-    "redis_txmq/asyncio/preload.py": "redis_txmq/preload.py",
-    "redis_txmq/asyncio/wire.py": "redis_txmq/wire.py",
-    "redis_txmq/asyncio/consumer.py": "redis_txmq/consumer.py",
-    "redis_txmq/asyncio/oneway.py": "redis_txmq/oneway.py",
-    "redis_txmq/asyncio/broker.py": "redis_txmq/broker.py",
-    "redis_txmq/asyncio/check_handler.py": "redis_txmq/check_handler.py",
-    "redis_txmq/asyncio/transaction.py": "redis_txmq/transaction.py",
-    "redis_txmq/asyncio/producer.py": "redis_txmq/producer.py",
+    "redis_txmq/asyncio/preload.py": "redis_txmq/sync/preload.py",
+    "redis_txmq/asyncio/wire.py": "redis_txmq/sync/wire.py",
+    "redis_txmq/asyncio/consumer.py": "redis_txmq/sync/consumer.py",
+    "redis_txmq/asyncio/oneway.py": "redis_txmq/sync/oneway.py",
+    "redis_txmq/asyncio/broker.py": "redis_txmq/sync/broker.py",
+    "redis_txmq/asyncio/check_handler.py": "redis_txmq/sync/check_handler.py",
+    "redis_txmq/asyncio/transaction.py": "redis_txmq/sync/transaction.py",
+    "redis_txmq/asyncio/producer.py": "redis_txmq/sync/producer.py",
 }
 """asyncio source -> generated sync module."""
 
 PHRASES = [
-    ("from .lane import", "from .direct import"),
+    ("from .lane import", "from ..transport.direct import"),
+    ("from .listener import", "from ..core.listener import"),
     ("redis.asyncio.cluster.RedisCluster", "redis.cluster.RedisCluster"),
     ("redis.asyncio.", "redis."),
-    ("redis_txmq.asyncio.", "redis_txmq."),
+    ("redis_txmq.asyncio.", "redis_txmq.sync."),
 ]
 """Exact text replaced before the token rules (docstrings and code alike)."""
 
@@ -83,8 +84,6 @@ def rewrite_line(line: str) -> str | None:
         return sync_only.group(1) + sync_only.group(2)
     for old, new in PHRASES:
         line = line.replace(old, new)
-    if line.startswith("from .."):
-        line = "from ." + line[len("from ..") :]
     for pattern, replacement in TOKENS:
         line = re.sub(pattern, replacement, line)
     return line

@@ -1,7 +1,7 @@
 """PySpark Python Data Source ``redis-txmq``: reads committed topic streams, batch and Structured Streaming.
 
-import spark_connector
-spark_connector.register(spark)
+import redis_txmq.spark
+redis_txmq.spark.register(spark)
 spark.read.format("redis-txmq").option("redis.url", url).option("topics", "orders").load()
 """
 

@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis_txmq.config import DEFAULT_REDIS_URL
-from redis_txmq.connection import connect, redact_url
-from redis_txmq.errors import ConfigurationError
-from redis_txmq.message import validate_name
+from redis_txmq.core.clients import redact_url
+from redis_txmq.core.config import DEFAULT_REDIS_URL
+from redis_txmq.core.errors import ConfigurationError
+from redis_txmq.core.message import validate_name
+from redis_txmq.transport.connection import connect
 
 from .offsets import EARLIEST, LATEST, parse_entry_id
 

@@ -32,11 +32,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from redis_txmq import entries
-from redis_txmq.errors import CorruptEntryError
-from redis_txmq.keys import TOPIC_REGISTRY, topic_meta_key
-from redis_txmq.scripts import script_source
-from redis_txmq.topics import partition_keys
+from redis_txmq.core import entries
+from redis_txmq.core.errors import CorruptEntryError
+from redis_txmq.core.keys import TOPIC_REGISTRY, topic_meta_key
+from redis_txmq.core.scripts import script_source
+from redis_txmq.core.topics import partition_keys
 
 from .offsets import EARLIEST, LATEST, START_ID, earlier, ms_upper_bound, parse_entry_id
 from .options import ConnectorOptions, SparkSourceError, parse_options
@@ -99,7 +99,7 @@ class StreamRange(InputPartition):
 
 class RedisTxmqDataSource(DataSource):
     """``spark.read.format("redis-txmq")`` / ``spark.readStream.format("redis-txmq")``, and the same for writing
-    (:mod:`spark_connector.writer`)."""
+    (:mod:`redis_txmq.spark.writer`)."""
 
     @classmethod
     def name(cls) -> str:

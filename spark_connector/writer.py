@@ -32,11 +32,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 from redis.cluster import RedisCluster
 
-from redis_txmq import wire
-from redis_txmq.config import DEFAULT_REDIS_URL, Settings
-from redis_txmq.connection import REDIS_ERRORS, hiredis_packer
-from redis_txmq.durability import Durability
-from redis_txmq.errors import ConfigurationError, JobNotCommittedError, TxMQConnectionError, TxMQError
+from redis_txmq.core.clients import REDIS_ERRORS
+from redis_txmq.core.config import DEFAULT_REDIS_URL, Settings
+from redis_txmq.core.durability import Durability
+from redis_txmq.core.errors import ConfigurationError, JobNotCommittedError, TxMQConnectionError, TxMQError
+from redis_txmq.core.keys import JobKeys, topic_meta_key
+from redis_txmq.core.message import DEFAULT_MAX_MESSAGE_SIZE, LocalTransactionState, validate_name
+from redis_txmq.core.topics import count_of, partition_keys_of
 from redis_txmq.jobs.driver import LeaseKeeper, WriteJob
 from redis_txmq.jobs.stages import (
     ROWS_PER_STAGE_ENTRY,
@@ -45,9 +47,8 @@ from redis_txmq.jobs.stages import (
     STAGE_ROWS_FIELD,
     stage_entry_id,
 )
-from redis_txmq.keys import JobKeys, topic_meta_key
-from redis_txmq.message import DEFAULT_MAX_MESSAGE_SIZE, LocalTransactionState, validate_name
-from redis_txmq.topics import count_of, partition_keys_of
+from redis_txmq.sync import wire
+from redis_txmq.transport.connection import hiredis_packer
 
 from .options import ConnectorOptions, SparkSourceError
 from .options import _bool as bool_option
@@ -209,7 +210,7 @@ class _Router:
 class _Lane:
     """The commands for one server, written on one connection of its pool in one write and the replies read back
     one by one (redis-py's pipeline spends more time per row than the server does), each batch followed by the
-    durability level's confirmation on the same connection: the wire's exchange (:func:`redis_txmq.wire.exchange`),
+    durability level's confirmation on the same connection: the wire's exchange (:func:`redis_txmq.sync.wire.exchange`),
     packed by hiredis. Not retried: a task that fails is retried by Spark, and its stage entries' counted ids make a
     repeated write a refusal, not a second copy."""
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from redis_txmq.embedded import embedded_cluster, server_binary
+from redis_txmq.transport.embedded import embedded_cluster, server_binary
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import fakeredis
 import pytest
 import redis
 
-from redis_txmq.embedded import SERVER_CHOICE, EmbeddedRedis
+from redis_txmq.transport.embedded import SERVER_CHOICE, EmbeddedRedis
 
 
 def _docker_answers() -> bool:

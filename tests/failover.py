@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import (
     Consumer,
     LocalTransactionState,
@@ -21,9 +21,9 @@ from redis_txmq import (
     TransactionListener,
     TransactionProducer,
 )
-from redis_txmq.admin import status
-from redis_txmq.connection import connect
-from redis_txmq.keys import TopicKeys, topic_stream_key
+from redis_txmq.core.keys import TopicKeys, topic_stream_key
+from redis_txmq.ops.admin import status
+from redis_txmq.transport.connection import connect
 
 FAST = {
     "transaction_timeout": 0.5,

@@ -76,7 +76,7 @@ def published_of(client: Any, stream: str, transaction_id: str) -> int:
 
 def check_until_settled(client: Any, settings: Any, inflight_key: str, timeout: float = 30) -> None:
     """Check rounds until nothing is in flight in ``inflight_key``: what is left there is asked about."""
-    from checker import Checker
+    from redis_txmq.checker import Checker
 
     checker = Checker(client, settings)
     wait_until(lambda: checker.run_round() is not None and client.hlen(inflight_key) == 0, timeout=timeout)

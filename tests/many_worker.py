@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer, create_topic
-from redis_txmq.connection import connect
+from redis_txmq.transport.connection import connect
 
 SETTINGS = Settings(transaction_timeout=0.5, check_interval=0.2)
 MESSAGES = [Message("orders", b"order %d" % i, keys=f"order-{i}") for i in range(2)] + [

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from redis_txmq.embedded import free_port
+from redis_txmq.transport.embedded import free_port
 
 from .postgres_fixture import _temp_parent
 

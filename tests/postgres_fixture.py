@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from redis_txmq.embedded import free_port
+from redis_txmq.transport.embedded import free_port
 
 DATABASE = "txmq_test"
 SUPERUSER = "postgres"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from redis_txmq.embedded import EmbeddedRedis
+from redis_txmq.transport.embedded import EmbeddedRedis
 
 from .helpers import wait_until
 

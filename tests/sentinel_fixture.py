@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from redis_txmq.embedded import QUICK_REPLICA_SYNC, free_port, server_binary, wait_for_ping
+from redis_txmq.transport.embedded import QUICK_REPLICA_SYNC, free_port, server_binary, wait_for_ping
 
 from .helpers import wait_through_errors
 from .tls_fixture import Certificates, make_certificates, skip_without_tls

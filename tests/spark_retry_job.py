@@ -9,11 +9,10 @@ import sys
 
 def main() -> None:
     redis_url = sys.argv[1]
+    import redis_txmq.spark
     from pyspark import TaskContext
     from pyspark.sql import SparkSession
     from pyspark.sql.functions import col, udf
-
-    import spark_connector
 
     spark = (
         SparkSession.builder.master("local[2,3]")
@@ -23,7 +22,7 @@ def main() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    spark_connector.register(spark)
+    redis_txmq.spark.register(spark)
 
     @udf("string")
     def fail_first_attempts(body: str) -> str:

@@ -14,9 +14,8 @@ def spark() -> Iterator[object]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    import redis_txmq.spark
     from pyspark.sql import SparkSession
-
-    import spark_connector
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -27,6 +26,6 @@ def spark() -> Iterator[object]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    spark_connector.register(session)
+    redis_txmq.spark.register(session)
     yield session
     session.stop()

@@ -1,4 +1,4 @@
-"""Every part works as an ACL user limited to the rules of :mod:`redis_txmq.acl` (what ``txmq acl`` prints), and
+"""Every part works as an ACL user limited to the rules of :mod:`redis_txmq.ops.acl` (what ``txmq acl`` prints), and
 those users can do no more than their part: a wrong key or command is refused (NOPERM)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, create_topic
-from redis_txmq.acl import acl_rules
 from redis_txmq.cli import main
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.ops.acl import acl_rules
 
 from .helpers import ScriptedListener, wait_until
 

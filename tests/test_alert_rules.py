@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.metrics_core import Metric
-
-from checker import CheckerMetrics
+from redis_txmq.checker import CheckerMetrics
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
 RULES = RULES_DIR / "txmq-rules.yml"

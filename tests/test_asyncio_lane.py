@@ -9,7 +9,7 @@ import redis
 import redis.asyncio
 
 from redis_txmq.asyncio.lane import ScriptLane
-from redis_txmq.embedded import free_port
+from redis_txmq.transport.embedded import free_port
 
 ECHO = "return ARGV[1]"
 REFUSE = "return redis.error_reply('ERR refused ' .. ARGV[1])"

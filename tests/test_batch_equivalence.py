@@ -28,8 +28,8 @@ import redis
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from redis_txmq.keys import SCHEDULE, TopicKeys
-from redis_txmq.scripts import register_topic_script
+from redis_txmq.core.keys import SCHEDULE, TopicKeys
+from redis_txmq.core.scripts import register_topic_script
 
 pytestmark = pytest.mark.real
 

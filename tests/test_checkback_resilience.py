@@ -8,10 +8,10 @@ import logging
 from typing import Any
 
 import pytest
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
-from redis_txmq.keys import CHECKER_INSTANCES, GroupKeys, TopicKeys
+from redis_txmq.core.keys import CHECKER_INSTANCES, GroupKeys, TopicKeys
 
 from .helpers import wait_until
 from .test_checker import running
@@ -66,7 +66,7 @@ def test_a_producer_keeps_answering_after_its_check_request_group_was_lost(real_
 def test_a_producer_keeps_answering_after_a_read_of_its_requests_failed(real_client, caplog):
     """A read that Redis refuses (here the request stream's key holds another type for a while) is retried after a
     pause, not given up: once the key is a stream again the producer answers the next check-back."""
-    caplog.set_level(logging.WARNING, logger="redis_txmq.check_handler")
+    caplog.set_level(logging.WARNING, logger="redis_txmq.sync.check_handler")
     requests = GroupKeys(GROUP).check_requests
     checker = Checker(real_client, FAST, scan_interval=0.05)
     with TransactionProducer(GROUP, ByBody(), client=real_client, settings=FAST) as producer:
@@ -106,7 +106,7 @@ def test_a_request_deleted_unread_then_a_send_that_failed_spends_no_check(real_c
     ``check_max`` spent per such failure, and a transaction no producer ever saw a request for was dead-lettered."""
     import redis
 
-    from redis_txmq.broker import RedisBroker
+    from redis_txmq.sync.broker import RedisBroker
 
     settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=3)
     broker = RedisBroker(real_client, settings)
@@ -150,7 +150,7 @@ def test_a_producer_deletes_an_answered_request_before_it_acks_it(real_client):
     request between them: deleted first, it is still pending then, and the checker counts it as read. Acked first,
     it would be neither pending nor deleted, read as never read, its check given back: a producer that keeps
     answering UNKNOWN would never reach ``check_max``."""
-    from redis_txmq.check_requests import queue_finish
+    from redis_txmq.core.check_requests import queue_finish
 
     calls: list[str] = []
 
@@ -174,7 +174,7 @@ def test_a_checker_whose_retire_of_replaced_requests_fails_goes_on(real_client, 
     down): the round's checks are not sent, and the checker goes on with its next round instead of dying."""
     import redis
 
-    from redis_txmq.broker import RedisBroker
+    from redis_txmq.sync.broker import RedisBroker
 
     settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=50)
     broker = RedisBroker(real_client, settings)

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from redis_txmq.checker import Checker
+from redis_txmq.checker.worker import SCAN_BATCHES
 
-from checker import Checker
-from checker.worker import SCAN_BATCHES
 from redis_txmq import (
     LocalTransactionState,
     Message,
@@ -30,12 +30,9 @@ from redis_txmq import (
     TransactionProducer,
     create_topic,
 )
-from redis_txmq.admin import dead_letters, resolve_dead
-from redis_txmq.admin import status as read_status
-from redis_txmq.broker import DeadAction, EndSource, RedisBroker
 from redis_txmq.cli import main
-from redis_txmq.errors import TransactionConflictError
-from redis_txmq.keys import (
+from redis_txmq.core.errors import TransactionConflictError
+from redis_txmq.core.keys import (
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
     REPLY_STREAM,
@@ -44,6 +41,9 @@ from redis_txmq.keys import (
     GroupKeys,
     TopicKeys,
 )
+from redis_txmq.ops.admin import dead_letters, resolve_dead
+from redis_txmq.ops.admin import status as read_status
+from redis_txmq.sync.broker import DeadAction, EndSource, RedisBroker
 
 from .helpers import pending, server_ms, wait_until
 
@@ -938,7 +938,7 @@ def test_a_check_a_producer_read_counts_and_one_nobody_read_does_not(client):
 def test_a_check_is_given_back_once_and_never_below_zero(client):
     """The note that gives a check back is idempotent (redis-py repeats a call whose reply was lost): it gives back
     only while the unread request is still the one noted for the transaction."""
-    from redis_txmq.protocol import SentCheck
+    from redis_txmq.core.protocol import SentCheck
 
     settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=5)
     broker = RedisBroker(client, settings)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
-from redis_txmq.keys import (
+from redis_txmq.core.keys import (
     CHECKER_INSTANCES,
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 import redis
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
-from redis_txmq.admin import dead_letters, resolve_dead
-from redis_txmq.broker import DeadAction, RedisBroker
-from redis_txmq.errors import TxMQConnectionError
-from redis_txmq.keys import GROUP_REGISTRY, SCHEDULE, GroupKeys, TopicKeys
+from redis_txmq.core.errors import TxMQConnectionError
+from redis_txmq.core.keys import GROUP_REGISTRY, SCHEDULE, GroupKeys, TopicKeys
+from redis_txmq.ops.admin import dead_letters, resolve_dead
+from redis_txmq.sync.broker import DeadAction, RedisBroker
 
 from .helpers import server_ms, wait_until
 
@@ -245,7 +245,7 @@ def test_topics_whose_looks_keep_failing_do_not_hide_the_others(
 ) -> None:
     """More failing topics due than one round reads (damaged keys here; on Cluster, a master down): each is held a
     few seconds on in the schedule after its failed look, so a healthy topic due later still gets its check."""
-    monkeypatch.setattr("checker.worker.DUE_TOPICS_PER_ROUND", 3)
+    monkeypatch.setattr("redis_txmq.checker.worker.DUE_TOPICS_PER_ROUND", 3)
     checker, looked = quiet_checker(real_client)
     for i in range(4):
         prepare(producer, f"damaged-{i}")
@@ -261,7 +261,7 @@ def test_a_checker_of_a_few_topics_is_not_hidden_by_other_services_due_topics(
 ) -> None:
     """The demo's and the benchmarks' checkers look after their own topics only, every round: others' due
     topics (whose checker is down) must not fill their read of the schedule."""
-    monkeypatch.setattr("checker.worker.DUE_TOPICS_PER_ROUND", 3)
+    monkeypatch.setattr("redis_txmq.checker.worker.DUE_TOPICS_PER_ROUND", 3)
     for i in range(5):
         prepare(producer, f"others-{i}")
     mine = prepare(producer, "mine")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from redis_txmq import LocalTransactionState, Message, Settings
-from redis_txmq.broker import EndSource, RedisBroker
-from redis_txmq.keys import TopicKeys
-from redis_txmq.scripts import register_topic_script
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.core.scripts import register_topic_script
+from redis_txmq.sync.broker import EndSource, RedisBroker
 
 from .helpers import wait_until
 

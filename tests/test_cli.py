@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner, Result
+from redis_txmq.checker import Checker
 from rich.console import Console
 
-from checker import Checker
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, __version__
 from redis_txmq.cli import _run_checker, main
-from redis_txmq.demo import run_demo
-from redis_txmq.embedded import EmbeddedRedis, free_port
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.ops.demo import run_demo
+from redis_txmq.transport.embedded import EmbeddedRedis, free_port
 from tests.helpers import ScriptedListener, wait_until
 
 

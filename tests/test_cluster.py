@@ -25,7 +25,7 @@ from redis_txmq import (
     TxMQConnectionError,
 )
 from redis_txmq.cli import main
-from redis_txmq.keys import CHECKER_INSTANCES, GroupKeys, TopicKeys
+from redis_txmq.core.keys import CHECKER_INSTANCES, GroupKeys, TopicKeys
 
 from .helpers import wait_until
 
@@ -136,7 +136,7 @@ def test_consumer_and_dead_letters_on_cluster(cluster, cluster_url, make_produce
     with make_producer("cluster_dead", Knows(set()), client=cluster, settings=settings) as producer:
         kept = producer.send_message_in_transaction(Message(TOPICS[0], b"kept"), COMMIT)
         lost = producer.send_message_in_transaction(Message(TOPICS[1], b"lost"), UNKNOWN)
-    from checker import Checker
+    from redis_txmq.checker import Checker
 
     checker = Checker(cluster, settings)
     wait_until(lambda: checker.run_round() and cluster.xlen(TopicKeys(TOPICS[1]).dead_stream) == 1)
@@ -201,7 +201,8 @@ def test_a_partitioned_topic_spreads_over_the_masters(cluster, cluster_url, spar
 def test_check_back_on_a_partitioned_topic_while_heartbeats_reassert_it(cluster, make_producer):
     """A producer re-asserts its topics' partitions with every heartbeat (one script call per topic: cluster
     pipelines refuse scripts); it keeps answering check-backs, on both APIs."""
-    from checker import Checker
+    from redis_txmq.checker import Checker
+
     from redis_txmq import create_topic
 
     settings = Settings(cluster=True, transaction_timeout=0, check_interval=0.3, heartbeat_interval=0.1, claim_idle=1)
@@ -222,8 +223,9 @@ def test_check_back_on_a_partitioned_topic_while_heartbeats_reassert_it(cluster,
 def test_a_transaction_of_messages_on_every_master(cluster):
     """One transaction's messages in the slots of every master, its decision in a slot of its own: all commit
     together; a second one rolls back whole; the checker finishes one whose producer died after its decision."""
-    from checker import Checker
-    from redis_txmq.keys import decision_key
+    from redis_txmq.checker import Checker
+
+    from redis_txmq.core.keys import decision_key
 
     settings = Settings(cluster=True, transaction_timeout=0, check_interval=0.05)
     with TransactionProducer("many_cluster", Knows(set()), client=cluster, settings=settings) as producer:
@@ -249,7 +251,7 @@ def test_a_transaction_of_messages_on_every_master(cluster):
 def test_a_cluster_node_whose_port_was_taken_meanwhile_starts_on_another() -> None:
     """Ports are chosen when the cluster is made and taken when each node starts: one taken meanwhile by another
     process (the test session runs many servers) moves its node to another free port instead of failing."""
-    from redis_txmq.embedded import LocalCluster
+    from redis_txmq.transport.embedded import LocalCluster
 
     cluster = LocalCluster(masters=3)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:

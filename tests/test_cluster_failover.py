@@ -13,8 +13,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from redis_txmq import Settings
-from redis_txmq.embedded import LocalCluster
-from redis_txmq.keys import topic_stream_key
+from redis_txmq.core.keys import topic_stream_key
+from redis_txmq.transport.embedded import LocalCluster
 
 from .failover import FAST, Run, appended, dead_lettered, judge
 from .helpers import wait_through_errors

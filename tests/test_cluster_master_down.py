@@ -21,13 +21,10 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis_txmq.checker import Checker, CheckerMetrics
 
-from checker import Checker, CheckerMetrics
 from redis_txmq import Message, Settings, TransactionProducer, TxMQError, create_topic
-from redis_txmq.admin import registered_topics
-from redis_txmq.broker import RedisBroker
-from redis_txmq.embedded import LocalCluster
-from redis_txmq.keys import (
+from redis_txmq.core.keys import (
     CHECKER_INSTANCES,
     GROUP_REGISTRY,
     REPLY_STREAM,
@@ -37,7 +34,10 @@ from redis_txmq.keys import (
     TopicKeys,
     topic_meta_key,
 )
-from redis_txmq.protocol import SentCheck
+from redis_txmq.core.protocol import SentCheck
+from redis_txmq.ops.admin import registered_topics
+from redis_txmq.sync.broker import RedisBroker
+from redis_txmq.transport.embedded import LocalCluster
 
 from .helpers import server_ms, wait_until
 from .test_checker import COMMIT, UNKNOWN, Answers, running
@@ -198,7 +198,7 @@ def test_a_producer_that_wrote_to_the_dead_masters_topic_answers_the_checks_of_t
     create_topic(cluster, dead_topic, 2)
     up_topic = _names_on(cluster, down.victim.name, False, "up")
     group = down.group()
-    caplog.set_level(logging.WARNING, logger="redis_txmq.check_handler")
+    caplog.set_level(logging.WARNING, logger="redis_txmq.sync.check_handler")
     with make_producer(group, Answers(default=COMMIT), client=cluster, settings=PATIENT) as producer:
         for body in (b"before", b"before, the other partition"):  # round robin
             assert producer.send_message_in_transaction(Message(dead_topic, body), arg=COMMIT).committed_id
@@ -250,7 +250,7 @@ def test_at_durability_replica_a_producer_and_a_checker_start_with_a_master_down
     """The level is checked at start on the masters that answer (the dead one is skipped with a warning) and
     enforced on every call: sends to a healthy master are confirmed by its replica, and the check-back commits."""
     settings = replace(PATIENT, durability="replica", durability_timeout=5.0)
-    caplog.set_level(logging.WARNING, logger="redis_txmq.durability")
+    caplog.set_level(logging.WARNING, logger="redis_txmq.core.durability")
     with one_master_down_of(replicas=1) as down:
         cluster = down.cluster
         up_topic = _names_on(cluster, down.victim.name, False, "up")
@@ -305,7 +305,7 @@ def test_a_group_whose_check_requests_are_on_the_dead_master_does_not_hold_back_
     cluster = down.cluster
     up_topic = _names_on(cluster, down.victim.name, False, "up")
     stranded_group = down.stranded_group()
-    caplog.set_level(logging.WARNING, logger="checker.worker")
+    caplog.set_level(logging.WARNING, logger="redis_txmq.checker.worker")
     with TransactionProducer(stranded_group, Answers(default=UNKNOWN), client=cluster, settings=PATIENT) as stranded:
         stuck = stranded.send_message_in_transaction(Message(up_topic, b"its group is on the dead master"), UNKNOWN)
     down.goes_down()
@@ -325,7 +325,7 @@ def test_a_group_whose_check_requests_are_on_the_dead_master_does_not_hold_back_
 def test_a_checker_goes_on_checking_the_topics_it_knows_while_the_topic_registry_is_down(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="checker.worker")
+    caplog.set_level(logging.WARNING, logger="redis_txmq.checker.worker")
     with one_master_down_of(holding=TOPIC_REGISTRY) as down:
         cluster = down.cluster
         up_topic = _names_on(cluster, down.victim.name, False, "up")

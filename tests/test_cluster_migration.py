@@ -8,8 +8,8 @@ import threading
 
 import redis
 from redis.cluster import RedisCluster
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import (
     LocalTransactionState,
     Message,
@@ -18,7 +18,7 @@ from redis_txmq import (
     TransactionListener,
     TransactionProducer,
 )
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
 
 from .helpers import wait_until
 

@@ -14,7 +14,7 @@ import redis.asyncio
 
 from redis_txmq import Message, PrepareError
 from redis_txmq.asyncio import TransactionProducer
-from redis_txmq.connection import connection_error_of
+from redis_txmq.core.clients import connection_error_of
 
 from .helpers import ScriptedListener
 

@@ -36,9 +36,9 @@ from redis_txmq import (
     create_topic,
 )
 from redis_txmq.asyncio.consumer import Consumer as AsyncConsumer
-from redis_txmq.embedded import free_port, wait_for_ping
-from redis_txmq.groups import ensure_consumer_group, forget_dead_consumers
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.groups import ensure_consumer_group, forget_dead_consumers
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.transport.embedded import free_port, wait_for_ping
 
 from .async_api import LoopThread, Synced, async_client_like
 from .helpers import ScriptedListener, wait_until
@@ -49,7 +49,7 @@ COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 class SyncApi:
     """The sync consumer, as it is."""
 
-    logger = "redis_txmq.consumer"
+    logger = "redis_txmq.sync.consumer"
 
     def Consumer(self, *args: Any, **kwargs: Any) -> Consumer:
         return Consumer(*args, **kwargs)

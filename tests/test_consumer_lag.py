@@ -10,14 +10,14 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from redis.cluster import RedisCluster
+from redis_txmq.checker import Checker, CheckerMetrics
 
-from checker import Checker, CheckerMetrics
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer
-from redis_txmq.admin import consumer_lag, registered_topics
-from redis_txmq.admin import status as read_status
 from redis_txmq.cli import main
-from redis_txmq.keys import TopicKeys
-from redis_txmq.topics import create_topic
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.core.topics import create_topic
+from redis_txmq.ops.admin import consumer_lag, registered_topics
+from redis_txmq.ops.admin import status as read_status
 
 from .helpers import ScriptedListener, wait_until
 

@@ -15,7 +15,7 @@ import redis.asyncio
 
 from redis_txmq import Consumer
 from redis_txmq import asyncio as txmq_asyncio
-from redis_txmq.connection import blocking_slice
+from redis_txmq.core.clients import blocking_slice
 
 SOCKET_TIMEOUT = 0.5
 

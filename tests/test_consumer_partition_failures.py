@@ -4,7 +4,7 @@ others are read on, and nothing a poll claimed is dropped because a later call o
 The failures are injected into the calls of a consumer on one real redis-server (the cluster runs in
 ``tests/faults/test_cluster_partition_down.py`` take a master down for real, but cannot make a master answer
 CLUSTERDOWN or TRYAGAIN when a test wants it). "On a cluster" is the consumer's own test of its client, patched:
-what it decides is written once in :class:`redis_txmq.consuming.ConsumerProtocol`, for both APIs, so the sync
+what it decides is written once in :class:`redis_txmq.core.consuming.ConsumerProtocol`, for both APIs, so the sync
 consumer drives it here.
 """
 
@@ -20,8 +20,8 @@ import redis
 from redis.exceptions import ClusterDownError, TryAgainError
 
 from redis_txmq import Consumer, Message, TransactionProducer, create_topic
-from redis_txmq.consuming import CLAIM, FORGET, READ_GROUP, Command, ConsumerProtocol
-from redis_txmq.topics import partition_keys_of
+from redis_txmq.core.consuming import CLAIM, FORGET, READ_GROUP, Command, ConsumerProtocol
+from redis_txmq.core.topics import partition_keys_of
 
 from .helpers import ScriptedListener, wait_until
 from .test_consumer import COMMIT
@@ -44,7 +44,7 @@ def on_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class Faults:
     """Makes the consumer's calls that concern ``stream`` raise ``error`` while ``on`` (a Redis call is a
-    :class:`~redis_txmq.consuming.Command`; the stream is in its arguments or its script keys)."""
+    :class:`~redis_txmq.core.consuming.Command`; the stream is in its arguments or its script keys)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rules: dict[tuple[str, str], Exception] = {}

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from redis_txmq import Consumer, Settings
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
 
 from .helpers import wait_until
 from .test_consumer import COMMIT, send

@@ -5,13 +5,13 @@ commit onto a topic key of another type is refused and keeps the dead letter."""
 from __future__ import annotations
 
 import pytest
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings
-from redis_txmq.admin import dead_letters
-from redis_txmq.broker import DeadAction, EndSource, RedisBroker
-from redis_txmq.errors import CorruptEntryError, TransactionDeadLetteredError, TransactionError
-from redis_txmq.keys import TOPIC_REGISTRY, TopicKeys
+from redis_txmq.core.errors import CorruptEntryError, TransactionDeadLetteredError, TransactionError
+from redis_txmq.core.keys import TOPIC_REGISTRY, TopicKeys
+from redis_txmq.ops.admin import dead_letters
+from redis_txmq.sync.broker import DeadAction, EndSource, RedisBroker
 
 from .helpers import wait_until
 

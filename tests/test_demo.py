@@ -11,8 +11,8 @@ from rich.console import Console
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq.cli import main
-from redis_txmq.demo import TOPIC, run_demo
-from redis_txmq.keys import GROUP_REGISTRY, TopicKeys
+from redis_txmq.core.keys import GROUP_REGISTRY, TopicKeys
+from redis_txmq.ops.demo import TOPIC, run_demo
 from tests.helpers import ScriptedListener
 
 UNKNOWN = LocalTransactionState.UNKNOWN

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from redis_txmq import wire
-from redis_txmq.direct import ScriptRunner
-from redis_txmq.keys import TopicKeys
-from redis_txmq.scripts import register_topic_script
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.core.scripts import register_topic_script
+from redis_txmq.sync import wire
+from redis_txmq.transport.direct import ScriptRunner
 
 ECHO_OR_FAIL = """
 if ARGV[1] == 'fail' then return redis.error_reply('ERR refused ' .. KEYS[1]) end
@@ -20,14 +20,14 @@ return {KEYS[1], ARGV[1]}
 
 @pytest.fixture
 def runner(client):
-    runner = ScriptRunner(client)
+    runner = ScriptRunner(client, wire.run_scripts)
     yield runner
     runner.close()
 
 
 def test_standalone_clients_take_the_direct_lane(client, runner):
     assert runner.direct
-    assert not ScriptRunner(redis.Redis(single_connection_client=True)).direct
+    assert not ScriptRunner(redis.Redis(single_connection_client=True), wire.run_scripts).direct
 
 
 def test_run_gives_the_reply_and_raises_refusals(client, runner):
@@ -64,7 +64,7 @@ def test_script_cache_flushed_between_calls(client, runner):
 
 def test_a_killed_connection_is_reopened(real_client, redis_url):
     client = redis.Redis.from_url(redis_url)
-    runner = ScriptRunner(client)
+    runner = ScriptRunner(client, wire.run_scripts)
     script = client.register_script(ECHO_OR_FAIL)
     try:
         assert runner.run(script, ["k"], ["before"]) == [b"k", b"before"]
@@ -106,7 +106,7 @@ def test_a_script_missing_again_on_the_socket_its_calls_are_resent_on_is_loaded_
 
 def test_close_releases_the_runners_connections(real_client, redis_url):
     client = redis.Redis.from_url(redis_url)
-    runner = ScriptRunner(client)
+    runner = ScriptRunner(client, wire.run_scripts)
     script = client.register_script(ECHO_OR_FAIL)
     before = len(real_client.client_list())
     runner.run(script, ["k"], ["x"])
@@ -121,7 +121,7 @@ def test_prepares_and_ends_of_one_partition_in_one_write_go_as_one_batch_call(re
     transaction of several) send the prepares, and the ends, of one topic partition as one call of their batch
     script (lua/prepare_halves.lua, lua/end_transactions.lua); each call still gets its own reply, or its error."""
     client = redis.Redis.from_url(redis_url)
-    runner = ScriptRunner(client)
+    runner = ScriptRunner(client, wire.run_scripts)
     prepare = register_topic_script(client, "prepare_half")
     end = register_topic_script(client, "end_transaction")
     topics = (TopicKeys("orders"), TopicKeys("audit"))

@@ -134,24 +134,24 @@ def test_readme_links_into_the_docs_resolve() -> None:
 
 
 def test_key_layout_page_names_every_key_of_keys_py() -> None:
-    """Every key of the layout table in redis_txmq/keys.py appears on the key layout page."""
-    from redis_txmq import keys
+    """Every key of the layout table in redis_txmq/core/keys.py appears on the key layout page."""
+    from redis_txmq.core import keys
 
     table = re.findall(r"^``([^`]+)``", keys.__doc__ or "", flags=re.MULTILINE)
     assert len(table) > 20
     page = (DOCS / "reference" / "keys.md").read_text(encoding="utf-8")
     missing = [key for key in table if f"`{key}`" not in page]
-    assert not missing, f"keys of redis_txmq/keys.py missing from docs/reference/keys.md: {missing}"
+    assert not missing, f"keys of redis_txmq/core/keys.py missing from docs/reference/keys.md: {missing}"
 
 
 def test_entry_fields_page_names_every_field_of_entries_py() -> None:
-    from redis_txmq import entries
+    from redis_txmq.core import entries
 
     names = [v for k, v in vars(entries).items() if k.isupper() and isinstance(v, str)]
     assert len(names) > 10
     page = (DOCS / "reference" / "entries.md").read_text(encoding="utf-8")
     missing = [n for n in names if f"`{n}`" not in page]
-    assert not missing, f"fields of redis_txmq/entries.py missing from docs/reference/entries.md: {missing}"
+    assert not missing, f"fields of redis_txmq/core/entries.py missing from docs/reference/entries.md: {missing}"
 
 
 @pytest.mark.slow

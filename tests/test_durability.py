@@ -17,8 +17,8 @@ import msgpack
 import pytest
 import redis
 from click.testing import CliRunner
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import (
     ConfigurationError,
     LocalTransactionState,
@@ -30,11 +30,11 @@ from redis_txmq import (
 )
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
 from redis_txmq.cli import main
-from redis_txmq.durability import Durability
-from redis_txmq.embedded import EmbeddedRedis
-from redis_txmq.errors import DurabilityError
+from redis_txmq.core.durability import Durability
+from redis_txmq.core.errors import DurabilityError
+from redis_txmq.core.keys import JOB_REGISTRY, TopicKeys
 from redis_txmq.jobs import STAGE_ROWS_FIELD, WriteJob, settle_jobs
-from redis_txmq.keys import JOB_REGISTRY, TopicKeys
+from redis_txmq.transport.embedded import EmbeddedRedis
 
 from .helpers import wait_until
 from .replicas import Stopped, replicated_fixture  # noqa: F401 - the fixture 'replicated'
@@ -184,8 +184,8 @@ def test_level_aof_where_the_server_has_waitaof_else_a_clear_error_at_start() ->
 
 @pytest.mark.real
 def test_an_instance_gone_for_good_leaves_no_durability_level_behind(real_client: redis.Redis) -> None:
-    from redis_txmq.heartbeat import Heartbeat
-    from redis_txmq.keys import GroupKeys
+    from redis_txmq.core.heartbeat import Heartbeat
+    from redis_txmq.core.keys import GroupKeys
 
     keys = GroupKeys("durable")
     gone = Heartbeat(real_client, keys.producers, keys.durability_levels, "gone", 0.1, "replica")

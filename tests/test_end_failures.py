@@ -16,10 +16,10 @@ from redis_txmq import (
     TransactionNotFoundError,
     TransactionProducer,
 )
-from redis_txmq.admin import resolve_dead
-from redis_txmq.broker import DeadAction, RedisBroker
-from redis_txmq.embedded import EmbeddedRedis
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.ops.admin import resolve_dead
+from redis_txmq.sync.broker import DeadAction, RedisBroker
+from redis_txmq.transport.embedded import EmbeddedRedis
 
 from .helpers import ScriptedListener
 

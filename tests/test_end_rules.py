@@ -6,8 +6,8 @@ these are the scripts' rules."""
 from __future__ import annotations
 
 import pytest
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import (
     LocalTransactionState,
     Message,
@@ -15,9 +15,9 @@ from redis_txmq import (
     Settings,
     TransactionDeadLetteredError,
 )
-from redis_txmq.broker import EndSource, RedisBroker
-from redis_txmq.keys import TopicKeys
-from redis_txmq.scripts import register_topic_script
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.core.scripts import register_topic_script
+from redis_txmq.sync.broker import EndSource, RedisBroker
 
 from .helpers import ScriptedListener, wait_until
 

@@ -22,13 +22,13 @@ for extra in ("fastapi", "sqlalchemy.ext.asyncio", "aiosqlite", "httpx"):
     pytest.importorskip(extra, reason="the example service needs the `example` extra: pip install -e '.[example]'")
 
 import httpx  # noqa: E402 - after the skips: the extra may be missing
+from redis_txmq.checker import Checker  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 from sqlalchemy.exc import IntegrityError  # noqa: E402
 
-from checker import Checker  # noqa: E402
 from redis_txmq import LocalTransactionState, Message, Settings  # noqa: E402
 from redis_txmq.asyncio import Consumer  # noqa: E402
-from redis_txmq.keys import TopicKeys  # noqa: E402
+from redis_txmq.core.keys import TopicKeys  # noqa: E402
 
 KEYS = TopicKeys("orders")
 CHECK_NOW = Settings(transaction_timeout=0, check_interval=0.2, heartbeat_interval=0.2, claim_idle=1)

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_txmq.checker import Checker, CheckerMetrics
 
-from checker import Checker, CheckerMetrics
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
-from redis_txmq.connection import connect
-from redis_txmq.errors import PrepareError, TxMQConnectionError
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.errors import PrepareError, TxMQConnectionError
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.transport.connection import connect
 
 from .helpers import wait_until
 from .test_checker_probes import OwnRedis, running, served, status_is

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from redis_txmq import ConsumedMessage, Consumer, LocalTransactionState, Message, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
-from redis_txmq.errors import ConfigurationError
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.errors import ConfigurationError
+from redis_txmq.core.keys import TopicKeys
 
 from .databases import Database, DeleteWatch, bound_lock_waits
 from .helpers import wait_until

@@ -1,4 +1,4 @@
-"""Write jobs on a Redis Cluster: the Spark writer's task and driver code (``spark_connector.writer``, run here
+"""Write jobs on a Redis Cluster: the Spark writer's task and driver code (``redis_txmq.spark.writer``, run here
 without Spark) against faults of a cluster: a stage write whose reply is lost and that redis-py sends again, a master
 down (the one of the job registry, or one holding none of the job's keys) on a cluster whose scripts were never
 loaded."""
@@ -15,16 +15,15 @@ import redis.cluster as redis_cluster
 from redis.cluster import RedisCluster
 
 from redis_txmq import create_topic
+from redis_txmq.core.keys import JOB_REGISTRY, JobKeys, TopicKeys, topic_meta_key
 from redis_txmq.jobs import WriteJob
-from redis_txmq.keys import JOB_REGISTRY, JobKeys, TopicKeys, topic_meta_key
 
 if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # the tasks and drivers are the Spark writer's code (no SparkSession)
     pytest.importorskip("pyspark", reason="the writer's code needs the spark extra: pip install -e '.[spark,dev]'")
 
 import pyarrow as pa  # noqa: E402
 from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
-
-from spark_connector.writer import parse_write_options, write_rows  # noqa: E402
+from redis_txmq.spark.writer import parse_write_options, write_rows  # noqa: E402
 
 from .test_cluster_master_down import OneMasterDown, one_master_down_of  # noqa: E402
 

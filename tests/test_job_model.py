@@ -1,5 +1,5 @@
 """Write jobs against a model: hypothesis' stateful testing drives the Spark writer's real task and driver code
-(``spark_connector.writer``: ``write_rows``, ``BatchWriter``, ``StreamWriter``, run here without Spark) and the
+(``redis_txmq.spark.writer``: ``write_rows``, ``BatchWriter``, ``StreamWriter``, run here without Spark) and the
 checker's settler on a real redis-server through random interleavings of batch jobs and the micro-batches of one
 streaming sink: task attempts that stage rows (some fail, some are speculative duplicates), the driver's commit of
 one attempt per partition, a commit that raises right after its decision (then Spark's abort, or the driver dies),
@@ -47,16 +47,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from redis_txmq import LocalTransactionState, Settings, TxMQError, create_topic
+from redis_txmq.core.keys import JOB_REGISTRY, JobKeys
 from redis_txmq.jobs import STAGE_ROWS_FIELD, WriteJob, settle_jobs
-from redis_txmq.keys import JOB_REGISTRY, JobKeys
 
 if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # the driver's side is the Spark writer's code (no SparkSession)
-    pytest.importorskip("pyspark", reason="the job model drives spark_connector.writer: the spark extra")
+    pytest.importorskip("pyspark", reason="the job model drives redis_txmq.spark.writer: the spark extra")
 
 import pyarrow as pa  # noqa: E402
 from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
-
-from spark_connector.writer import BatchWriter, StreamWriter, _staged, parse_write_options, write_rows  # noqa: E402
+from redis_txmq.spark.writer import BatchWriter, StreamWriter, _staged, parse_write_options, write_rows  # noqa: E402
 
 from .model_programs import Programs, Steps  # noqa: E402
 

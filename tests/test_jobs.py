@@ -9,10 +9,10 @@ import time
 
 import msgpack
 import pytest
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Settings, TxMQError
-from redis_txmq.admin import write_jobs
+from redis_txmq.core.keys import JOB_REGISTRY
 from redis_txmq.jobs import (
     ROWS_PER_STAGE_ENTRY,
     STAGE_ROWS_FIELD,
@@ -24,7 +24,7 @@ from redis_txmq.jobs import (
     settle_jobs,
 )
 from redis_txmq.jobs.stages import stage_entry_id
-from redis_txmq.keys import JOB_REGISTRY
+from redis_txmq.ops.admin import write_jobs
 
 from .helpers import wait_until
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import redis
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, create_topic
-from redis_txmq.keys import CHECKER_LEVELS, PREFIX, TopicKeys
+from redis_txmq.core.keys import CHECKER_LEVELS, PREFIX, TopicKeys
 
 from .helpers import wait_until
 from .test_checker import COMMIT, UNKNOWN, Answers, running

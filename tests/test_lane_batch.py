@@ -19,14 +19,14 @@ from redis_txmq import LocalTransactionState, Message
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
 from redis_txmq.asyncio.broker import AsyncRedisBroker
 from redis_txmq.asyncio.lane import MAX_ENDS_PER_CALL, MAX_PREPARES_PER_CALL, ScriptLane
-from redis_txmq.batching import spread
-from redis_txmq.broker import RedisBroker
-from redis_txmq.durability import Durability
-from redis_txmq.errors import CorruptEntryError, DurabilityError, PrepareError, TransactionConflictError, TxMQError
-from redis_txmq.keys import SCHEDULE, TopicKeys
-from redis_txmq.protocol import EndResult, EndSource, PrepareResult
-from redis_txmq.scripts import register_topic_script, script_text, topic_preludes
-from redis_txmq.topics import create_topic, partition_keys_of
+from redis_txmq.core.batching import spread
+from redis_txmq.core.durability import Durability
+from redis_txmq.core.errors import CorruptEntryError, DurabilityError, PrepareError, TransactionConflictError, TxMQError
+from redis_txmq.core.keys import SCHEDULE, TopicKeys
+from redis_txmq.core.protocol import EndResult, EndSource, PrepareResult
+from redis_txmq.core.scripts import register_topic_script, script_text, topic_preludes
+from redis_txmq.core.topics import create_topic, partition_keys_of
+from redis_txmq.sync.broker import RedisBroker
 
 from .replicas import replicated_fixture  # noqa: F401 - the fixture 'replicated'
 

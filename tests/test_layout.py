@@ -11,10 +11,10 @@ import redis
 from redis.cluster import RedisCluster
 
 from redis_txmq import Settings
-from redis_txmq.errors import TxMQError
-from redis_txmq.heartbeat import Heartbeat
-from redis_txmq.keys import GROUP_REGISTRY, GroupKeys
-from redis_txmq.layout import LAYOUT_VERSION, legacy_producers
+from redis_txmq.core.errors import TxMQError
+from redis_txmq.core.heartbeat import Heartbeat
+from redis_txmq.core.keys import GROUP_REGISTRY, GroupKeys
+from redis_txmq.core.layout import LAYOUT_VERSION, legacy_producers
 
 from .helpers import ScriptedListener, wait_until
 

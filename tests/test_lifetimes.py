@@ -8,8 +8,8 @@ import msgpack
 import pytest
 
 from redis_txmq import ConfigurationError, LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq.core.keys import decision_key, published_key
 from redis_txmq.jobs import STAGE_ROWS_FIELD, WriteJob
-from redis_txmq.keys import decision_key, published_key
 
 from .helpers import ScriptedListener
 

@@ -1,6 +1,6 @@
-"""The rules the SQLAlchemy and Django logs and inboxes share (``redis_txmq/local_records.py``), without a database:
-the check-back's and the purge's steps driven by a fake database, the lock-wait statements, the length refusal. The
-databases themselves are in tests/test_transaction_log.py, tests/test_inbox.py and tests/django/."""
+"""The rules the SQLAlchemy and Django logs and inboxes share (``redis_txmq/core/local_records.py``), without a
+database: the check-back's and the purge's steps driven by a fake database, the lock-wait statements, the length
+refusal. The databases themselves are in tests/test_transaction_log.py, tests/test_inbox.py and tests/django/."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from redis_txmq import LocalTransactionState, Message
-from redis_txmq.entries import ConsumedMessage
-from redis_txmq.errors import ConfigurationError
-from redis_txmq.local_records import (
+from redis_txmq.core.entries import ConsumedMessage
+from redis_txmq.core.errors import ConfigurationError
+from redis_txmq.core.local_records import (
     DeleteOld,
     Fence,
     InboxRules,

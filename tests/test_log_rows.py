@@ -1,5 +1,5 @@
 """What a send ends a transaction with once its local transaction is over, given where its log rows stand
-(``redis_txmq.log_rows``), without a database: the rules the Django and SQLAlchemy watches feed."""
+(``redis_txmq.core.log_rows``), without a database: the rules the Django and SQLAlchemy watches feed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from redis_txmq.log_rows import RowState, after_outer_commit, settle, take_watches, watch_row
-from redis_txmq.message import LocalTransactionState
+from redis_txmq.core.log_rows import RowState, after_outer_commit, settle, take_watches, watch_row
+from redis_txmq.core.message import LocalTransactionState
 
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
 

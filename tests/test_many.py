@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 from click.testing import CliRunner
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import (
     InvalidMessageError,
     LocalTransactionState,
@@ -20,11 +20,11 @@ from redis_txmq import (
     TxMQConnectionError,
     create_topic,
 )
-from redis_txmq.admin import resolve_dead_transaction
 from redis_txmq.cli import main
-from redis_txmq.errors import ProducerGroupMismatchError, TransactionConflictError
-from redis_txmq.keys import decision_key, topic_keys_of_stream
-from redis_txmq.protocol import DeadAction, EndSource
+from redis_txmq.core.errors import ProducerGroupMismatchError, TransactionConflictError
+from redis_txmq.core.keys import decision_key, topic_keys_of_stream
+from redis_txmq.core.protocol import DeadAction, EndSource
+from redis_txmq.ops.admin import resolve_dead_transaction
 
 from .helpers import ScriptedListener, wait_until
 

@@ -4,10 +4,11 @@ forgotten once the dedupe window has passed, by later ends or, when traffic stop
 from __future__ import annotations
 
 import pytest
+from redis_txmq.checker import Checker
 
-from checker import Checker
-from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer, config
-from redis_txmq.keys import TopicKeys
+from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq.core import config
+from redis_txmq.core.keys import TopicKeys
 
 from .helpers import ScriptedListener, wait_until
 

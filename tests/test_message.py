@@ -278,7 +278,7 @@ def test_topic_name_one_past_the_limit_or_with_a_newline_is_refused(topic):
 def test_check_immunity_one_past_the_limit_is_refused():
     import math
 
-    from redis_txmq.message import MAX_CHECK_IMMUNITY_SECONDS
+    from redis_txmq.core.message import MAX_CHECK_IMMUNITY_SECONDS
 
     with pytest.raises(InvalidMessageError, match="check_immunity_seconds"):
         Message("orders", b"x", check_immunity_seconds=math.nextafter(MAX_CHECK_IMMUNITY_SECONDS, math.inf)).validate()
@@ -288,8 +288,8 @@ def test_check_immunity_one_past_the_limit_is_refused():
 
 def test_values_exactly_at_the_limits_are_sent(real_client):
     """The largest body, the longest topic name and the longest own check immunity go through a real send."""
-    from redis_txmq.keys import TopicKeys
-    from redis_txmq.message import MAX_CHECK_IMMUNITY_SECONDS
+    from redis_txmq.core.keys import TopicKeys
+    from redis_txmq.core.message import MAX_CHECK_IMMUNITY_SECONDS
 
     longest = "t" * 127
     settings = Settings(max_message_size=1024)

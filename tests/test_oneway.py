@@ -25,9 +25,9 @@ from redis_txmq import (
     Settings,
     TransactionProducer,
 )
-from redis_txmq.broker import EndCall, EndResult, EndSource
-from redis_txmq.keys import TopicKeys
-from redis_txmq.oneway import EndFlusher
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.sync.broker import EndCall, EndResult, EndSource
+from redis_txmq.sync.oneway import EndFlusher
 
 from .helpers import ScriptedListener, wait_until
 

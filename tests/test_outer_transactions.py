@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
 from redis_txmq.sqlalchemy import TransactionLog
 
 from .databases import Database
@@ -307,7 +307,7 @@ def test_an_early_commit_inside_an_outer_transaction_waits_for_it(
 def test_no_watch_is_left_behind_by_cancelled_sends(database: Database, redis_url: str) -> None:
     """A listener's send cancelled after its record, and an asyncio block cancelled while its thread records: the
     watches are taken (they hold the session) and nothing is kept for a send that is over."""
-    from redis_txmq import log_rows
+    from redis_txmq.core import log_rows
 
     log = database.log
     orders = orders_of(database)

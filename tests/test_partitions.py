@@ -6,8 +6,8 @@ import collections
 
 import pytest
 from click.testing import CliRunner
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import (
     ConfigurationError,
     Consumer,
@@ -19,9 +19,9 @@ from redis_txmq import (
     create_topic,
     partition_count,
 )
-from redis_txmq.admin import status
 from redis_txmq.cli import main
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.ops.admin import status
 
 from .helpers import ScriptedListener, wait_until
 

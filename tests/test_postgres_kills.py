@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis_txmq.checker import Checker
 from sqlalchemy import select
 
-from checker import Checker
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
 
 from .helpers import pending, wait_until
 from .pg_service import ORDERS, SETTINGS, invoices, orders

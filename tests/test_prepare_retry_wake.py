@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import Message
-from redis_txmq.broker import RedisBroker
-from redis_txmq.keys import SCHEDULE, GroupKeys, TopicKeys
-from redis_txmq.protocol import prepare_args
-from redis_txmq.scripts import register_topic_script
+from redis_txmq.core.keys import SCHEDULE, GroupKeys, TopicKeys
+from redis_txmq.core.protocol import prepare_args
+from redis_txmq.core.scripts import register_topic_script
+from redis_txmq.sync.broker import RedisBroker
 
 from .helpers import server_ms, wait_until
 from .test_checker_schedule import FAST, GROUP, requested

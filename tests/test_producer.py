@@ -20,8 +20,8 @@ from redis_txmq import (
     TransactionConflictError,
     TransactionNotFoundError,
 )
-from redis_txmq.broker import EndSource
-from redis_txmq.keys import TOPIC_REGISTRY, TopicKeys
+from redis_txmq.core.keys import TOPIC_REGISTRY, TopicKeys
+from redis_txmq.sync.broker import EndSource
 
 from .helpers import ScriptedListener, wait_until
 
@@ -240,7 +240,7 @@ def test_end_refuses_a_half_message_of_another_transaction(client, producer):
 
 @pytest.mark.parametrize("immunity", ["nan", "inf", "1.5", "-1", "0x1f", "99999999999999999999"])
 def test_prepare_script_refuses_bad_immunity_before_writing(client, producer, immunity):
-    from redis_txmq.entries import prepare_args
+    from redis_txmq.core.entries import prepare_args
 
     args = prepare_args(Message("orders", b"x"), "tx-bad", "order_group", 0)
     args[-1] = immunity

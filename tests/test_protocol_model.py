@@ -43,14 +43,14 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer, create_topic
-from redis_txmq.admin import dead_letters, resolve_dead_transaction
-from redis_txmq.errors import PrepareError, TransactionConflictError, TransactionError, TxMQConnectionError
-from redis_txmq.keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, decision_key, topic_keys_of_stream
-from redis_txmq.log_rows import RowState, watch_row
-from redis_txmq.protocol import DeadAction, EndSource, RecordAction
+from redis_txmq.core.errors import PrepareError, TransactionConflictError, TransactionError, TxMQConnectionError
+from redis_txmq.core.keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, decision_key, topic_keys_of_stream
+from redis_txmq.core.log_rows import RowState, watch_row
+from redis_txmq.core.protocol import DeadAction, EndSource, RecordAction
+from redis_txmq.ops.admin import dead_letters, resolve_dead_transaction
 
 from .model_programs import Programs, Steps
 
@@ -111,7 +111,7 @@ class OpenMany:
 
 class OuterTransaction:
     """The database transaction around a block whose log row it holds (Django's ``ATOMIC_REQUESTS``, a session
-    still open): the row's watch, as the Django and SQLAlchemy logs attach one (``redis_txmq.log_rows``)."""
+    still open): the row's watch, as the Django and SQLAlchemy logs attach one (``redis_txmq.core.log_rows``)."""
 
     def __init__(self) -> None:
         self.row = RowState.PENDING

@@ -7,13 +7,10 @@ import threading
 
 import pytest
 import redis
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import Settings, TransactionProducer, create_topic
-from redis_txmq.broker import RedisBroker
-from redis_txmq.connection import connect
-from redis_txmq.embedded import free_port, wait_for_ping
-from redis_txmq.keys import (
+from redis_txmq.core.keys import (
     CHECKER_INSTANCES,
     CHECKERS_CONSUMER_GROUP,
     GROUP_REGISTRY,
@@ -23,7 +20,10 @@ from redis_txmq.keys import (
     GroupKeys,
     TopicKeys,
 )
-from redis_txmq.message import Message
+from redis_txmq.core.message import Message
+from redis_txmq.sync.broker import RedisBroker
+from redis_txmq.transport.connection import connect
+from redis_txmq.transport.embedded import free_port, wait_for_ping
 
 from .helpers import wait_until
 from .test_checker import COMMIT, GROUP, KEYS, TOPIC, UNKNOWN, Answers, committed, prepare, running

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from redis_txmq import scripts
-from redis_txmq.errors import TxMQError
-from redis_txmq.keys import TopicKeys
-from redis_txmq.scripts import assemble, register_script, register_topic_script, script_text, topic_preludes
+from redis_txmq.core import scripts
+from redis_txmq.core.errors import TxMQError
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.core.scripts import assemble, register_script, register_topic_script, script_text, topic_preludes
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
 KEYS = TopicKeys("assembly")

@@ -24,8 +24,8 @@ from redis_txmq import (
 )
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
 from redis_txmq.cli import main
-from redis_txmq.connection import connect
-from redis_txmq.keys import topic_stream_key
+from redis_txmq.core.keys import topic_stream_key
+from redis_txmq.transport.connection import connect
 
 from .failover import FAST, Run, appended, dead_lettered, judge
 from .sentinel_fixture import SentinelGroup

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from redis_txmq.spark.options import parse_options
 
 from redis_txmq import ConfigurationError
-from redis_txmq.connection import connect, redact_url
-from redis_txmq.sentinel import parse
-from spark_connector.options import parse_options
+from redis_txmq.core.clients import redact_url
+from redis_txmq.transport.connection import connect
+from redis_txmq.transport.sentinel import parse
 
 
 def test_a_sentinel_url_names_the_sentinels_the_service_the_db_and_two_sets_of_credentials() -> None:

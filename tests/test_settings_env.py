@@ -4,7 +4,7 @@ do: a service configured through its environment must not silently go to ``local
 from __future__ import annotations
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
-from redis_txmq.config import DEFAULT_REDIS_URL
+from redis_txmq.core.config import DEFAULT_REDIS_URL
 
 from .helpers import ScriptedListener
 

@@ -14,18 +14,9 @@ if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # CI sets it: there, a missing pys
     pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark,dev]'")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
-
-from redis_txmq import (  # noqa: E402
-    LocalTransactionState,
-    Message,
-    TransactionListener,
-    TransactionProducer,
-    create_topic,
-)
-from redis_txmq.admin import status  # noqa: E402
-from spark_connector.offsets import START_ID, earlier, later, parse_entry_id  # noqa: E402
-from spark_connector.options import SparkSourceError, parse_options  # noqa: E402
-from spark_connector.source import (  # noqa: E402
+from redis_txmq.spark.offsets import START_ID, earlier, later, parse_entry_id  # noqa: E402
+from redis_txmq.spark.options import SparkSourceError, parse_options  # noqa: E402
+from redis_txmq.spark.source import (  # noqa: E402
     ADVANCE_PAGE,
     SPLIT_ENTRIES,
     STREAM_SPLIT_ENTRIES,
@@ -34,6 +25,15 @@ from spark_connector.source import (  # noqa: E402
     TopicPartition,
     plan_ranges,
 )
+
+from redis_txmq import (  # noqa: E402
+    LocalTransactionState,
+    Message,
+    TransactionListener,
+    TransactionProducer,
+    create_topic,
+)
+from redis_txmq.ops.admin import status  # noqa: E402
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 COLUMNS = ["topic", "partition", "id", "timestamp", "transaction_id", "keys", "tags", "body", "properties"]
@@ -256,7 +256,7 @@ def test_admission_control_shares_the_budget(real_client, redis_url):
 def test_the_advance_is_paged_and_ends_where_one_walk_ends(real_client, redis_url):
     """A budget larger than a page is walked a page per script call, to the same end as one walk of the budget; the
     script refuses more than a page, so no call holds Redis for more than about 2 ms."""
-    from redis_txmq.scripts import script_source
+    from redis_txmq.core.scripts import script_source
 
     source = script_source("stream_advance")
     assert f"local page = {ADVANCE_PAGE}" in source
@@ -282,7 +282,7 @@ def test_the_advance_is_paged_and_ends_where_one_walk_ends(real_client, redis_ur
 
 def test_a_large_micro_batch_is_planned_in_several_ranges(real_client, redis_url, monkeypatch):
     """A micro-batch of four times the split size is four ranges, counted or probed; they read every entry once."""
-    import spark_connector.source as source
+    import redis_txmq.spark.source as source
 
     monkeypatch.setattr(source, "STREAM_SPLIT_ENTRIES", 500)
     ids = [f"{1_800_000_000_000 + i // 20}-{i % 20}" for i in range(2_500)]
@@ -573,7 +573,7 @@ def test_xdel_is_detected_in_batch_and_streaming(real_client, redis_url, caplog,
     )
     with pytest.raises(SparkSourceError, match=message):
         batch_rows(redis_url, "deleted", startingOffsets=position)
-    caplog.set_level(logging.WARNING, logger="spark_connector.source")
+    caplog.set_level(logging.WARNING, logger="redis_txmq.spark.source")
     assert [
         int(r["body"]) for r in batch_rows(redis_url, "deleted", startingOffsets=position, failOnDataLoss="false")
     ] == left
@@ -654,7 +654,7 @@ class FakeSession:
 def test_register_chooses_the_workers_python_only_when_nobody_did(
     monkeypatch, env, master, conf, python_exec, expected
 ):
-    from spark_connector import use_driver_python_for_local_workers
+    from redis_txmq.spark import use_driver_python_for_local_workers
 
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     for name, value in env.items():
@@ -669,10 +669,9 @@ import sys
 
 from pyspark.sql import SparkSession
 
-import spark_connector
-
+import redis_txmq.spark
 spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
-spark_connector.register(spark)
+redis_txmq.spark.register(spark)
 orders = spark.read.format("redis-txmq").option("redis.url", sys.argv[1]).option("topics", "orders").load()
 print("BODIES", sorted(bytes(row.body).decode() for row in orders.collect()))
 spark.stop()

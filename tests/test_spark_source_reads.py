@@ -13,8 +13,8 @@ import pytest
 if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # CI sets it: there, a missing pyspark fails instead of skipping
     pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark,dev]'")
 
-from spark_connector.options import SparkSourceError, parse_options  # noqa: E402
-from spark_connector.source import BatchReader  # noqa: E402
+from redis_txmq.spark.options import SparkSourceError, parse_options  # noqa: E402
+from redis_txmq.spark.source import BatchReader  # noqa: E402
 
 
 def batch_reader(redis_url: str, start: str, **options: str) -> BatchReader:
@@ -59,7 +59,7 @@ def add_entries(client, stream: str, entries_fields: list[list[tuple[str, bytes]
 
 def decoded_one_by_one(client, stream: str) -> list[dict]:
     """What each entry holds, decoded entry by entry from redis-py's reply, as a consumer does."""
-    from redis_txmq import entries
+    from redis_txmq.core import entries
 
     rows = []
     for entry_id, raw in client.xrange(stream):
@@ -107,7 +107,7 @@ def test_entries_of_any_layout_are_read_as_decoded_one_by_one(real_client, redis
 
 def test_a_cluster_clients_dicts_give_the_same_batch(real_client):
     """A cluster client parses XRANGE replies into dicts on its nodes: they make the same Arrow batch."""
-    from spark_connector.source import TopicPartition, _record_batch, _xrange_pages
+    from redis_txmq.spark.source import TopicPartition, _record_batch, _xrange_pages
 
     add_entries(real_client, "orders", ODD_ENTRIES)
     part = TopicPartition("orders", 0, "orders")
@@ -121,7 +121,7 @@ def test_a_cluster_clients_dicts_give_the_same_batch(real_client):
 def test_a_read_stopped_early_leaves_no_reply_behind(real_client):
     """The next page is asked for before the current one is handed out: a read stopped there must not leave that
     reply to be taken as the answer to the connection's next command."""
-    from spark_connector.source import _xrange_pages
+    from redis_txmq.spark.source import _xrange_pages
 
     ids = add_entries(real_client, "orders", ODD_ENTRIES)
     pages = _xrange_pages(real_client, "orders", "0-0", "+", 2)
@@ -148,7 +148,7 @@ def test_corrupt_properties_name_their_entry(real_client, redis_url, corrupt, me
     fails the read naming its entry, and the garbage collector is back on."""
     import gc
 
-    from redis_txmq.errors import CorruptEntryError
+    from redis_txmq.core.errors import CorruptEntryError
 
     ids = add_entries(
         real_client,

@@ -14,10 +14,11 @@ import pytest
 if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # CI sets it: there, a missing pyspark fails instead of skipping
     pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark,dev]'")
 
+from redis_txmq.spark.options import SparkSourceError  # noqa: E402
+
 from redis_txmq import Settings, create_topic  # noqa: E402
+from redis_txmq.core.keys import JOB_REGISTRY, JobKeys  # noqa: E402
 from redis_txmq.jobs import JobNotCommittedError, settle_jobs  # noqa: E402
-from redis_txmq.keys import JOB_REGISTRY, JobKeys  # noqa: E402
-from spark_connector.options import SparkSourceError  # noqa: E402
 
 from .helpers import wait_until  # noqa: E402
 from .replicas import replicated_fixture  # noqa: E402, F401 - the fixture 'replicated'
@@ -136,8 +137,8 @@ def test_on_a_cluster_each_master_confirms_the_stage_writes_it_took(spark):
     import redis
     from redis.cluster import RedisCluster
 
-    from redis_txmq.embedded import LocalCluster
-    from redis_txmq.keys import topic_stream_key
+    from redis_txmq.core.keys import topic_stream_key
+    from redis_txmq.transport.embedded import LocalCluster
 
     cluster = LocalCluster(masters=3, replicas=1).start()
     client = RedisCluster.from_url(cluster.url)
@@ -195,9 +196,9 @@ def test_a_write_can_only_append(spark, redis_url):
 
 def test_write_options_are_checked_on_the_driver():
     from pyspark.sql.types import StringType, StructField, StructType
+    from redis_txmq.spark.writer import parse_write_options
 
-    from redis_txmq.durability import Durability
-    from spark_connector.writer import parse_write_options
+    from redis_txmq.core.durability import Durability
 
     schema = StructType([StructField("body", StringType())])
     with pytest.raises(SparkSourceError, match="sinkId"):
@@ -384,8 +385,7 @@ def test_a_batch_job_that_runs_longer_than_its_lease_and_the_checkers_max_age_pu
 
 def write_options(redis_url: str, streaming: bool, **extra: str):
     from pyspark.sql.types import StringType, StructField, StructType
-
-    from spark_connector.writer import parse_write_options
+    from redis_txmq.spark.writer import parse_write_options
 
     schema = StructType([StructField("body", StringType())])
     given = {"redis.url": redis_url, "topic": "orders", **({"sinkId": "copier"} if streaming else {}), **extra}
@@ -395,8 +395,7 @@ def write_options(redis_url: str, streaming: bool, **extra: str):
 def task(options, keys: JobKeys, rows: list[str]):
     """One task attempt of the writer, run here (no Spark task: partition 0)."""
     import pyarrow as pa
-
-    from spark_connector.writer import write_rows
+    from redis_txmq.spark.writer import write_rows
 
     return write_rows(options, keys, iter([pa.RecordBatch.from_pydict({"body": rows})]))
 
@@ -406,7 +405,7 @@ def test_a_micro_batch_decided_commit_is_published_by_the_abort_or_the_replay(re
     """Issue 23, defect 3, without Spark: the sink's commit raised right after deciding; Spark's abort publishes the
     batch (it used to delete its stages: 0 of 2,500 rows), or, the driver dead, the restarted query's replay does
     (its tasks write nothing: the batch is decided)."""
-    from spark_connector.writer import StreamWriter
+    from redis_txmq.spark.writer import StreamWriter
 
     from .spark_driver_failures import _CommitRaisesAfterDeciding
 
@@ -429,7 +428,7 @@ def test_a_micro_batch_decided_commit_is_published_by_the_abort_or_the_replay(re
 def test_a_batch_commit_raises_when_the_checker_rolled_the_job_back(real_client, redis_url):
     """Issue 23, defect 4, without Spark: the driver stalled past the job's lease (nothing renewed it); the checker
     rolled the job back; the driver's commit raises, so Spark reports the job failed (it used to return)."""
-    from spark_connector.writer import BatchWriter
+    from redis_txmq.spark.writer import BatchWriter
 
     options = write_options(redis_url, streaming=False, jobLease="0.2")
     writer = BatchWriter(options)

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 import redis
+from redis_txmq.checker import Checker
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
-from redis_txmq.errors import ConfigurationError
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.errors import ConfigurationError
+from redis_txmq.core.keys import TopicKeys
 from redis_txmq.sqlalchemy import TransactionLog
 
 from .databases import Database, DeleteWatch, bound_lock_waits

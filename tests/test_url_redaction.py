@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from redis_txmq import ConfigurationError
-from redis_txmq.connection import connect, redact_url
+from redis_txmq.core.clients import redact_url
+from redis_txmq.transport.connection import connect
 
 
 def test_an_invalid_url_is_refused_without_its_password():

@@ -23,8 +23,8 @@ import redis
 import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import (
     ConfigurationError,
     InvalidMessageError,
@@ -35,13 +35,13 @@ from redis_txmq import (
     TransactionProducer,
     TxMQError,
 )
-from redis_txmq.admin import find_dead_transaction
 from redis_txmq.asyncio import Consumer as AsyncConsumer
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
 from redis_txmq.asyncio.broker import AsyncRedisBroker
-from redis_txmq.broker import EndCall, EndResult, EndSource, RedisBroker
-from redis_txmq.keys import TopicKeys
-from redis_txmq.message import REMARK_LIMIT, remark_text
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.core.message import REMARK_LIMIT, remark_text
+from redis_txmq.ops.admin import find_dead_transaction
+from redis_txmq.sync.broker import EndCall, EndResult, EndSource, RedisBroker
 
 from .helpers import ScriptedListener, wait_until
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from redis_txmq.embedded import free_port, server_binary
+from redis_txmq.transport.embedded import free_port, server_binary
 
 START_SECONDS = 10.0
 

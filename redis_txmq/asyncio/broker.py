@@ -2,8 +2,8 @@
 
 Producer, checker and operator commands all end transactions through :meth:`AsyncRedisBroker.end_transaction`
 (``lua/end_transaction.lua``), so there is one commit path to read and to trust. This is the I/O shell: what is sent
-and how replies are read lives in :mod:`redis_txmq.protocol`. The asyncio broker's module is the source; the sync
-one's (``redis_txmq/broker.py``, used by the checker and the operator commands too) is generated from it by
+and how replies are read lives in :mod:`redis_txmq.core.protocol`. The asyncio broker's module is the source; the sync
+one's (``redis_txmq/sync/broker.py``, used by the checker and the operator commands too) is generated from it by
 ``scripts/unasync.py``. The send path's calls go through a script runner of the wire (``direct`` for the sync
 broker, ``lane`` for the asyncio one), which writes a durability level's confirmation with them.
 """
@@ -14,14 +14,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from .. import protocol
-from ..config import Settings
-from ..connection import REDIS_ERRORS, async_server_info, async_server_nodes, connection_errors, is_cluster
-from ..durability import check_servers, durability_unchecked
-from ..errors import DurabilityError, TxMQConnectionError, TxMQError
-from ..keys import SCHEDULE, TOPIC_REGISTRY, TopicKeys, decision_key
-from ..message import LocalTransactionState, Message
-from ..protocol import (
+from ..core import protocol
+from ..core.clients import REDIS_ERRORS, connection_errors, is_cluster
+from ..core.config import Settings
+from ..core.durability import check_servers, durability_unchecked
+from ..core.errors import DurabilityError, TxMQConnectionError, TxMQError
+from ..core.keys import SCHEDULE, TOPIC_REGISTRY, TopicKeys, decision_key
+from ..core.message import LocalTransactionState, Message
+from ..core.protocol import (
     ClaimResult,
     DeadAction,
     DueCheck,
@@ -34,10 +34,13 @@ from ..protocol import (
     SentCheck,
     TransactionRecord,
 )
-from ..scripts import register_script, register_topic_script
-from ..synchronization import AsyncLock
+from ..core.scripts import register_script, register_topic_script
+from ..transport.connection import async_server_info, async_server_nodes
+from ..transport.synchronization import AsyncLock
 from .lane import AsyncScriptRunner
 from .preload import preload
+
+# sync-only: from .wire import run_scripts
 
 __all__ = [
     "AsyncRedisBroker",
@@ -49,7 +52,7 @@ __all__ = [
     "EndSource",
     "PrepareResult",
 ]
-"""The result types live in :mod:`redis_txmq.protocol`; they are importable from here too."""
+"""The result types live in :mod:`redis_txmq.core.protocol`; they are importable from here too."""
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +79,8 @@ class AsyncRedisBroker:
         self._wake_in_script = not is_cluster(client)
         """One server: the scripts that wake a topic write the checkers' schedule themselves (``KEYS[14]``)."""
         self.durability = self.settings.durability_level()
-        self.runner = AsyncScriptRunner(client, durability=self.durability)
+        self.runner = AsyncScriptRunner(client, durability=self.durability)  # async-only
+        # sync-only: self.runner = ScriptRunner(client, run_scripts, durability=self.durability)
 
     async def close(self) -> None:
         """Close the connections of the send path's runner (the client itself stays open)."""
@@ -166,7 +170,7 @@ class AsyncRedisBroker:
         return keys.scheduled_script_keys() if self._wake_in_script else keys.script_keys()
 
     async def _wake(self, keys: TopicKeys, score: str, transaction_id: str) -> None:
-        """Wake the topic in the checkers' schedule (:data:`~redis_txmq.keys.SCHEDULE`) where the script could not
+        """Wake the topic in the checkers' schedule (:data:`~redis_txmq.core.keys.SCHEDULE`) where the script could not
         (Cluster: another hash slot), after the script ran, scored at the script's time: a look made after the
         script sees the transaction; one made before it is older than that score, and its write to the schedule
         keeps it (``lua/schedule_topics.lua``). Not written (Redis unreachable, the process gone), a checker's full

@@ -4,7 +4,7 @@ Every live producer instance of a group reads the group's check-request stream t
 request goes to one instance; ``listener.check_local_transaction`` runs on a bounded pool of workers (tasks of the
 asyncio producer, threads of the sync one) and the answer goes to the reply stream, which the checkers apply with
 the same end script as the producer. A request left unanswered by an instance that died is taken over by another
-one after ``claim_idle``. What a request is and how it is finished lives in :mod:`redis_txmq.check_requests`; the
+one after ``claim_idle``. What a request is and how it is finished lives in :mod:`redis_txmq.core.check_requests`; the
 asyncio handler's module is the source, the sync one's is generated from it by ``scripts/unasync.py``.
 """
 
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import entries, tracing
-from ..check_requests import (
+from ..core import entries, tracing
+from ..core.check_requests import (
     READ_BLOCK_MS,
     CheckRequest,
     FailingRegistrations,
@@ -25,10 +25,10 @@ from ..check_requests import (
     queue_finish,
     read_failed,
 )
-from ..config import Settings
-from ..connection import REDIS_ERRORS, is_cluster
-from ..errors import CorruptEntryError, TxMQConnectionError
-from ..groups import (
+from ..core.clients import REDIS_ERRORS, is_cluster
+from ..core.config import Settings
+from ..core.errors import CorruptEntryError, TxMQConnectionError
+from ..core.groups import (
     Backoff,
     TakeoverWalk,
     ensure_group_call,
@@ -37,9 +37,9 @@ from ..groups import (
     read_group,
     removed_names,
 )
-from ..heartbeat import Heartbeat
-from ..keys import PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
-from ..synchronization import AsyncEvent, AsyncWorker, AsyncWorkerPool
+from ..core.heartbeat import Heartbeat
+from ..core.keys import PRODUCERS_CONSUMER_GROUP, REPLY_STREAM, GroupKeys
+from ..transport.synchronization import AsyncEvent, AsyncWorker, AsyncWorkerPool
 from .listener import local_state
 from .preload import preload
 

@@ -1,7 +1,7 @@
-"""The consumer's I/O shell: performs the effects of :class:`redis_txmq.consuming.ConsumerProtocol`'s steps.
+"""The consumer's I/O shell: performs the effects of :class:`redis_txmq.core.consuming.ConsumerProtocol`'s steps.
 
 The steps and their decisions (what is sent, how replies are read, retries, the error messages) are written once in
-:mod:`redis_txmq.consuming`; this module only performs them: the Redis calls, the pauses, the user's handler. The
+:mod:`redis_txmq.core.consuming`; this module only performs them: the Redis calls, the pauses, the user's handler. The
 asyncio consumer's module is the source, and the sync consumer's is generated from it by ``scripts/unasync.py``.
 """
 
@@ -12,9 +12,10 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
-from .. import tracing
-from ..connection import connection_errors
-from ..consuming import (
+from ..core import tracing
+from ..core.clients import connection_errors
+from ..core.config import Settings
+from ..core.consuming import (
     HEARTBEAT_STOP_WAIT,
     SETUP_ERRORS,
     Command,
@@ -26,8 +27,9 @@ from ..consuming import (
     Steps,
     T,
 )
-from ..entries import ConsumedMessage
-from ..synchronization import AsyncEvent, AsyncPeriodic, async_maybe_await, async_refuse_coroutine_function
+from ..core.entries import ConsumedMessage
+from ..transport.connection import resolve_client
+from ..transport.synchronization import AsyncEvent, AsyncPeriodic, async_maybe_await, async_refuse_coroutine_function
 from .preload import preload
 
 logger = logging.getLogger(__name__)
@@ -55,9 +57,9 @@ class Consumer(ConsumerProtocol):
     again from ``start_id`` too.
 
     The group is set up by :meth:`start` (``with`` calls it; the sync consumer's constructor too, so that a
-    consumer that cannot reach Redis is not made), which raises :class:`~redis_txmq.errors.TxMQConnectionError`
+    consumer that cannot reach Redis is not made), which raises :class:`~redis_txmq.core.errors.TxMQConnectionError`
     when Redis cannot be reached. Iteration and :meth:`run` ride out dropped connections and restarts, retrying
-    with backoff until :meth:`stop`; the other methods raise :class:`~redis_txmq.errors.TxMQConnectionError` when
+    with backoff until :meth:`stop`; the other methods raise :class:`~redis_txmq.core.errors.TxMQConnectionError` when
     Redis fails. On asyncio, a call that is cancelled (``task.cancel()``, a timeout) leaves the consumer usable; a
     message read by a cancelled poll is re-delivered after ``min_idle_time``.
     """
@@ -72,6 +74,9 @@ class Consumer(ConsumerProtocol):
     def _created(self) -> None:
         """The sync consumer starts in its constructor; the asyncio one does no I/O there."""
         # sync-only: self._start_or_close()
+
+    def _client_of(self, redis_url: str | None, client: Any, settings: Settings | None) -> tuple[Any, Settings, bool]:
+        return resolve_client(redis_url, client, settings, asyncio=self._asyncio)
 
     async def _drive(self, steps: Steps[T]) -> T:
         with Driver(steps) as driver:
@@ -116,7 +121,7 @@ class Consumer(ConsumerProtocol):
         """Read the topic's partitions, create the group on each where it is missing, load the scripts, take the
         lease and start its heartbeat; once.
 
-        Raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis cannot be reached."""
+        Raises :class:`~redis_txmq.core.errors.TxMQConnectionError` when Redis cannot be reached."""
         if self._started:
             return self
         try:
@@ -139,14 +144,14 @@ class Consumer(ConsumerProtocol):
         """Up to ``batch_size`` messages: abandoned ones first, then new ones (waiting up to ``timeout``, ``block``
         when None).
 
-        Raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis cannot be reached (iteration and
+        Raises :class:`~redis_txmq.core.errors.TxMQConnectionError` when Redis cannot be reached (iteration and
         :meth:`run` retry instead). A consumer group that Redis lost is created again from ``start_id``."""
         return await self._drive(self._poll_steps(timeout))
 
     async def ack(self, message: ConsumedMessage) -> None:
         """Mark the message processed; an unacked message is re-delivered after ``min_idle_time``.
 
-        Raises :class:`~redis_txmq.errors.TxMQConnectionError` when Redis fails: the message stays pending."""
+        Raises :class:`~redis_txmq.core.errors.TxMQConnectionError` when Redis fails: the message stays pending."""
         await self._drive(self._ack_steps(message))
 
     async def dead_letter(self, message: ConsumedMessage, reason: str) -> bool:
@@ -195,7 +200,7 @@ class Consumer(ConsumerProtocol):
 
         On asyncio, ``handler`` may be a coroutine function (awaited) or a plain function, which is called on the
         event loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread``). The sync consumer takes
-        plain functions only (a coroutine function raises :class:`~redis_txmq.errors.ConfigurationError`)."""
+        plain functions only (a coroutine function raises :class:`~redis_txmq.core.errors.ConfigurationError`)."""
         async_refuse_coroutine_function(handler, f"{self._where}: run()")
         self._busy = True
         try:

@@ -4,7 +4,7 @@ Every call made while a pipeline is being sent (or in the same turn of the event
 out with the next one, up to ``max_batch`` calls: one write, one read, one connection checkout for all of them
 instead of one each. Each script is still atomic on its own (a plain pipeline, not MULTI), and each caller gets its
 own reply or its own error; a call whose arguments cannot be sent (a ``str`` UTF-8 cannot encode) is left out of
-the write and fails alone with :class:`~redis_txmq.batching.UnsendableCallError`, the others go through. A caller
+the write and fails alone with :class:`~redis_txmq.core.batching.UnsendableCallError`, the others go through. A caller
 cancelled while its call is still queued takes it out: nothing is sent for it.
 Used on a standalone Redis only: redis-py's cluster pipelines refuse EVALSHA.
 
@@ -26,11 +26,11 @@ and a connection error by one more attempt on a new socket (every script is idem
 Another client (a custom pool or connection class) goes through redis-py's pipeline.
 
 With a durability level the confirming ``WAIT`` / ``WAITAOF`` ends each batch, on the same connection: one wait
-confirms every call of the batch (:mod:`redis_txmq.durability`). When it falls short, or the batch had to be sent
-again, each caller whose script ran gets :class:`~redis_txmq.errors.DurabilityError` with its reply.
+confirms every call of the batch (:mod:`redis_txmq.core.durability`). When it falls short, or the batch had to be sent
+again, each caller whose script ran gets :class:`~redis_txmq.core.errors.DurabilityError` with its reply.
 
-Asyncio only, and not generated: the sync shell's twin is :class:`redis_txmq.direct.ScriptRunner` (a connection
-per sending thread; threads do not share a pipeline). Both write through :mod:`redis_txmq.wire`.
+Asyncio only, and not generated: the sync shell's twin is :class:`redis_txmq.transport.direct.ScriptRunner` (a
+connection per sending thread; threads do not share a pipeline). Both write through :mod:`redis_txmq.sync.wire`.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ import redis
 import redis.asyncio
 import redis.asyncio.sentinel
 
-from ..batching import MAX_PER_BATCH_CALL, ScriptCall, batch_scripts, coalesce, spread, unsendable
-from ..connection import REDIRECTIONS, REDIS_ERRORS, connection_errors, hiredis_packer, is_async_cluster
-from ..durability import Durability
-from ..errors import DurabilityError
+from ..core.batching import MAX_PER_BATCH_CALL, ScriptCall, batch_scripts, coalesce, spread, unsendable
+from ..core.clients import REDIRECTIONS, REDIS_ERRORS, connection_errors, is_async_cluster
+from ..core.durability import Durability
+from ..core.errors import DurabilityError
+from ..transport.connection import hiredis_packer
 from .wire import run_scripts
 
 _Call = tuple[Any, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
@@ -109,7 +110,7 @@ class ScriptLane:
                 await self._send(batch)
 
     def _coalesce(self, batch: list[_Call]) -> tuple[list[ScriptCall], list[Any] | None]:
-        """The calls to write for ``batch`` and what each carries (:func:`redis_txmq.batching.coalesce`), the
+        """The calls to write for ``batch`` and what each carries (:func:`redis_txmq.core.batching.coalesce`), the
         prepares and the ends coalesced as the lane's flags say."""
         batched = {
             **(self._prepare_batches if self.coalesce_prepares else {}),
@@ -180,7 +181,7 @@ class ScriptLane:
 
 class AsyncScriptRunner:
     """Calls redis-py ``AsyncScript`` objects one at a time (:meth:`run`) or many at once (:meth:`run_many`): the
-    asyncio twin of :class:`redis_txmq.direct.ScriptRunner`, with the same replies and errors. On a standalone
+    asyncio twin of :class:`redis_txmq.transport.direct.ScriptRunner`, with the same replies and errors. On a standalone
     Redis every call goes through a :class:`ScriptLane`, so calls made together share pipelines; on a cluster a
     call goes to the master that owns its slot (with its confirmation, under a durability level)."""
 

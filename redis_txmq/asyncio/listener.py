@@ -1,6 +1,6 @@
 """The listener contract for asyncio services: ``async def`` methods, awaited on the loop.
 
-Not generated into the sync listener (``redis_txmq/listener.py``), and not its source: the sync contract is the
+Not generated into the sync listener (``redis_txmq/core/listener.py``), and not its source: the sync contract is the
 user's plain methods, and this one adds what only asyncio needs (a sync listener's methods run in a thread)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ..listener import state_of_answer, state_of_error
-from ..message import LocalTransactionState, Message
+from ..core.listener import state_of_answer, state_of_error
+from ..core.message import LocalTransactionState, Message
 
 
 class TransactionListener(abc.ABC):

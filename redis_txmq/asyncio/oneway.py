@@ -14,10 +14,10 @@ import collections
 import os
 import time
 
-from ..config import Settings
-from ..protocol import EndCall
-from ..sending import account_batch, closing_error, forked_error
-from ..synchronization import AsyncCondition, AsyncWorker
+from ..core.config import Settings
+from ..core.protocol import EndCall
+from ..core.sending import account_batch, closing_error, forked_error
+from ..transport.synchronization import AsyncCondition, AsyncWorker
 from .broker import AsyncRedisBroker
 
 

@@ -1,6 +1,6 @@
 """SCRIPT LOAD at start-up, so the first call finds its script (and a bad connection shows at start-up).
 
-The asyncio module is the source; the sync one (``redis_txmq/preload.py``) is generated from it by
+The asyncio module is the source; the sync one (``redis_txmq/sync/preload.py``) is generated from it by
 ``scripts/unasync.py``.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..connection import REDIS_ERRORS, is_cluster
-from ..scripts import master_skipped
+from ..core.clients import REDIS_ERRORS, is_cluster
+from ..core.scripts import master_skipped
 
 
 async def preload(*scripts: Any) -> None:

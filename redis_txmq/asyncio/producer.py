@@ -1,8 +1,9 @@
 """The transactional producer (RocketMQ's TransactionMQProducer).
 
-The steps of a send (:mod:`redis_txmq.sending`), the scripts' arguments and replies (:mod:`redis_txmq.protocol`) and
-the check-request format (:mod:`redis_txmq.check_requests`) are written once; this module does the I/O between them.
-The asyncio producer's module is the source, the sync one's is generated from it by ``scripts/unasync.py``.
+The steps of a send (:mod:`redis_txmq.core.sending`), the scripts' arguments and replies
+(:mod:`redis_txmq.core.protocol`) and the check-request format (:mod:`redis_txmq.core.check_requests`) are written once;
+this module does the I/O between them. The asyncio producer's module is the source, the sync one's is generated from it
+by ``scripts/unasync.py``.
 
 On asyncio, cancellation is an outcome, never a loss: cancelled before the half message is written, nothing is
 written; during the local transaction, the transaction stays in flight for the check-back (never a blind COMMIT or
@@ -19,18 +20,19 @@ from functools import partial
 from types import TracebackType
 from typing import Any
 
-from .. import tracing
-from ..config import Settings
-from ..connection import REDIS_ERRORS, connection_errors, instance_id, resolve_client
-from ..errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
-from ..keys import topic_meta_key
-from ..listener import TransactionListener as SyncTransactionListener  # async-only
-from ..log_rows import settle, take_watches
-from ..message import LocalTransactionState, Message, TransactionSendResult, validate_name
-from ..protocol import EndCall, EndSource, RecordAction, TransactionRecord
-from ..sending import CheckerListener, InFlight, ManyState, listener_of, new_send, routing_error
-from ..synchronization import AsyncBackground, AsyncCancelled, AsyncLock, async_shield
-from ..topics import PartitionRouter, count_of
+from ..core import tracing
+from ..core.clients import REDIS_ERRORS, connection_errors, instance_id
+from ..core.config import Settings
+from ..core.errors import InvalidMessageError, ProducerStateError, TxMQConnectionError, TxMQError
+from ..core.keys import topic_meta_key
+from ..core.listener import TransactionListener as SyncTransactionListener  # async-only
+from ..core.log_rows import settle, take_watches
+from ..core.message import LocalTransactionState, Message, TransactionSendResult, validate_name
+from ..core.protocol import EndCall, EndSource, RecordAction, TransactionRecord
+from ..core.sending import CheckerListener, InFlight, ManyState, listener_of, new_send, routing_error
+from ..core.topics import PartitionRouter, count_of
+from ..transport.connection import resolve_client
+from ..transport.synchronization import AsyncBackground, AsyncCancelled, AsyncLock, async_shield
 from .broker import AsyncRedisBroker
 from .check_handler import AsyncCheckRequestHandler, Registrations
 from .listener import TransactionListener, local_state
@@ -67,7 +69,7 @@ class TransactionProducer:
     the check-back, as any end that never arrived.
 
     ``durability`` (``"master"``, ``"replica"`` or ``"aof"``) overrides ``settings.durability`` for this producer:
-    what a prepare and an end wait for before they count as done (:mod:`redis_txmq.durability`).
+    what a prepare and an end wait for before they count as done (:mod:`redis_txmq.core.durability`).
     """
 
     def __init__(

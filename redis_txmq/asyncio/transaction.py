@@ -15,11 +15,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Protocol
 
-from ..config import Settings
-from ..errors import TxMQError
-from ..log_rows import RowWatch, after_outer_commit, settle, take_watches
-from ..message import LocalTransactionState, Message, TransactionSendResult
-from ..sending import HandleState, InFlight, ManyHandleState, ManyState, outcome_of_block
+from ..core.config import Settings
+from ..core.errors import TxMQError
+from ..core.log_rows import RowWatch, after_outer_commit, settle, take_watches
+from ..core.message import LocalTransactionState, Message, TransactionSendResult
+from ..core.sending import HandleState, InFlight, ManyHandleState, ManyState, outcome_of_block
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class AsyncTransaction(HandleState):
 
     async def _settle(self, state: LocalTransactionState, remark: str | None) -> None:
         """End with ``state``, corrected by where the transaction's log row stands; while it waits in an outer
-        database transaction, the COMMIT waits for that transaction's commit (:mod:`redis_txmq.log_rows`)."""
+        database transaction, the COMMIT waits for that transaction's commit (:mod:`redis_txmq.core.log_rows`)."""
         tx = self.in_flight
         settled = settle(tx.transaction_id, tx.message.topic, state, remark, self)
         if not settled.waiting:
@@ -140,7 +140,7 @@ class AsyncTransactionOfMany(ManyHandleState):
 
     async def settle(self, state: LocalTransactionState, remark: str | None) -> None:
         """End with ``state``, or, while the transaction's log row waits in an outer database transaction, when
-        that transaction commits (:mod:`redis_txmq.log_rows`)."""
+        that transaction commits (:mod:`redis_txmq.core.log_rows`)."""
         topic = self.state.parts[0].message.topic if self.state.parts else ""
         settled = settle(self.state.transaction_id, topic, state, remark, self)
         if not settled.waiting:

@@ -1,9 +1,9 @@
 """The wire: commands written on one connection in one write, the replies read back one by one.
 
 Every writer that sends more than one command at a time goes through here: the sync send path's script runner
-(:mod:`redis_txmq.direct`), the asyncio lane (``redis_txmq/asyncio/lane.py``), the one-way flusher (through the
-broker's runner) and the Spark writer's stage writes. With a durability level (:mod:`redis_txmq.durability`) the
-confirming ``WAIT`` / ``WAITAOF`` goes in the same write, after the commands, and its reply is read with theirs:
+(:mod:`redis_txmq.transport.direct`), the asyncio lane (``redis_txmq/asyncio/lane.py``), the one-way flusher (through
+the broker's runner) and the Spark writer's stage writes. With a durability level (:mod:`redis_txmq.core.durability`)
+the confirming ``WAIT`` / ``WAITAOF`` goes in the same write, after the commands, and its reply is read with theirs:
 one wait confirms every command of the write. A write that had to be sent again (a connection error) cannot be
 confirmed: the repeat of an idempotent script writes nothing, so a ``WAIT`` after it proves nothing about the first;
 the confirmation is then None. The asyncio wire's module is the source; the sync one's is generated from it by
@@ -18,9 +18,9 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from ..batching import PACKING_ERRORS, ScriptCall, unsendable_error
-from ..connection import pack_commands
-from ..durability import Durability
+from ..core.batching import PACKING_ERRORS, ScriptCall, unsendable_error
+from ..core.durability import Durability
+from ..transport.connection import pack_commands
 
 Packer = Callable[[tuple[Any, ...]], bytes] | None
 
@@ -34,7 +34,7 @@ async def exchange(
     connect_first: bool = False,
 ) -> tuple[list[Any], Any]:
     """Write every command at once (and the durability command), then read each reply: a refused command's error
-    takes its reply's place, and so does the :class:`~redis_txmq.batching.UnsendableCallError` of a command that
+    takes its reply's place, and so does the :class:`~redis_txmq.core.batching.UnsendableCallError` of a command that
     cannot be packed (an argument UTF-8 cannot encode), which is left out of the write: one caller's bad text never
     fails the others' commands. Returns the replies and the confirmation's reply (None without a durability level;
     its error, if the server refused it). ``connect_first``: redis-py reconnects lazily in ``send_packed_command``,

@@ -17,9 +17,9 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.utils import timezone
 
-from ..entries import ConsumedMessage
-from ..errors import ConfigurationError
-from ..local_records import PURGE_BATCH_SIZE, InboxRules, require_group
+from ..core.entries import ConsumedMessage
+from ..core.errors import ConfigurationError
+from ..core.local_records import PURGE_BATCH_SIZE, InboxRules, require_group
 from .rules import check_lengths, purge
 
 
@@ -33,7 +33,7 @@ class Inbox(InboxRules):
     """The ``txmq_inbox`` table of the database ``using``: the messages each consumer group has applied. The key is
     compared exactly on every database (``billing`` and ``Billing`` are two groups); a group or id longer than its
     column is refused, never truncated. What it decides without the database is
-    :class:`~redis_txmq.local_records.InboxRules`, shared with the SQLAlchemy inbox."""
+    :class:`~redis_txmq.core.local_records.InboxRules`, shared with the SQLAlchemy inbox."""
 
     _logger = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """The two tables, in meaning the ones of :mod:`redis_txmq.sqlalchemy` (same names and columns; the inbox has a
 surrogate ``id`` and a unique ``(consumer_group, message_id)``, since Django before 5.2 has no composite keys). Their
 declarations share a shape (fields, then ``Meta`` and ``__str__``): two models, each declared once; their lengths come
-from :mod:`redis_txmq.local_records`, as the SQLAlchemy tables' do."""
+from :mod:`redis_txmq.core.local_records`, as the SQLAlchemy tables' do."""
 
 from __future__ import annotations
 
 from django.db import models
 
-from ..local_records import (
+from ..core.local_records import (
     CONSUMER_GROUP_LENGTH,
     MESSAGE_ID_LENGTH,
     STATE_LENGTH,

@@ -36,8 +36,8 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.utils import timezone
 
-from ..errors import ConfigurationError
-from ..local_records import (
+from ..core.errors import ConfigurationError
+from ..core.local_records import (
     PURGE_BATCH_SIZE,
     SESSION_LOCK_TIMEOUT_READ,
     StateOf,
@@ -47,9 +47,9 @@ from ..local_records import (
     session_lock_timeout_restore,
     transaction_lock_timeout,
 )
-from ..log_rows import RowState, watch_row
-from ..message import LocalTransactionState, Message
-from ..sending import HandleState, ManyHandleState
+from ..core.log_rows import RowState, watch_row
+from ..core.message import LocalTransactionState, Message
+from ..core.sending import HandleState, ManyHandleState
 from .rules import check_lengths, purge
 
 
@@ -65,7 +65,7 @@ class TransactionLog(TransactionLogRules):
     fences one only when it is older (set it above your slowest, and record early in the transaction).
     ``lock_timeout_seconds`` bounds a fence's wait on a row a running local transaction holds. What it decides
     without the database (the handles open in this process among them, one registry with the SQLAlchemy log's) is
-    :class:`~redis_txmq.local_records.TransactionLogRules`."""
+    :class:`~redis_txmq.core.local_records.TransactionLogRules`."""
 
     _LOCK_ERRORS = (OperationalError,)
     _logger = logging.getLogger(__name__)

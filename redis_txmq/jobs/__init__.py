@@ -25,8 +25,8 @@ same call: a batch Spark replays after a restart finds its job decision (or a la
 new.
 
 With a durability level (``Settings.durability``) the job decision and every publishing call are confirmed like a
-producer's scripts (``WAIT`` / ``WAITAOF`` on the same connection, :class:`~redis_txmq.direct.ScriptRunner`); the
-writer confirms its stage writes the same way. A shortfall raises :class:`~redis_txmq.errors.DurabilityError`.
+producer's scripts (``WAIT`` / ``WAITAOF`` on the same connection, :class:`~redis_txmq.transport.direct.ScriptRunner`);
+the writer confirms its stage writes the same way. A shortfall raises :class:`~redis_txmq.core.errors.DurabilityError`.
 
 The modules, by who relies on them:
 
@@ -44,7 +44,7 @@ Lifetimes: a job's record (its lease, then its job decision) lives ``Settings.jo
 
 from __future__ import annotations
 
-from ..errors import JobNotCommittedError, UnpublishableJobError, WriteJobError
+from ..core.errors import JobNotCommittedError, UnpublishableJobError, WriteJobError
 from .driver import COMMIT, ROLLBACK, Decision, JobDecision, LeaseKeeper, WriteJob
 from .settling import SETTLE_BATCHES, SETTLING_ERRORS, settle_jobs
 from .stages import PUBLISH_CHUNK, ROWS_PER_STAGE_ENTRY, STAGE_ENTRY_BYTES, STAGE_ROWS_FIELD

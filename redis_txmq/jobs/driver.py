@@ -14,18 +14,19 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Settings
-from ..connection import REDIS_ERRORS
-from ..direct import ScriptRunner
-from ..entries import text
-from ..errors import DurabilityError, JobNotCommittedError, TxMQConnectionError, TxMQError, WriteJobError
-from ..keys import JobKeys
-from ..message import LocalTransactionState
-from ..scripts import register_script
+from ..core.clients import REDIS_ERRORS
+from ..core.config import Settings
+from ..core.entries import text
+from ..core.errors import DurabilityError, JobNotCommittedError, TxMQConnectionError, TxMQError, WriteJobError
+from ..core.keys import JobKeys
+from ..core.message import LocalTransactionState
+from ..core.scripts import register_script
+from ..sync.wire import run_scripts
+from ..transport.direct import ScriptRunner
 from . import registry
+from .job import JobDecision
 from .stages import check_stages, open_stage, publish_stage, settle_by_job_decision
 
 logger = logging.getLogger(__name__)
@@ -33,21 +34,6 @@ logger = logging.getLogger(__name__)
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 SCRIPTS = ("decide_job", "settle_job", "lease_job", "publish_stage", "open_stage", "note_stage", "check_stage")
 """The Lua scripts a write job runs."""
-
-
-@dataclass(frozen=True)
-class JobDecision:
-    """The job decision that stands for a write job (``txmq:job:{J}``), and whether this call made it."""
-
-    outcome: LocalTransactionState
-    stages: list[str]
-    status: str
-    """DECIDED (this call), DUPLICATE (an earlier job decision stands), REPLAYED (the sink committed this batch
-    before and its job decision is gone: nothing to publish) or DISCARDED (a micro-batch's stages set aside, nothing
-    decided)."""
-    rows: dict[str, int] = field(default_factory=dict)
-    """Rows each committed stage holds, as its attempt counted them (empty when the committer did not say)."""
-    decided_ms: int | None = None
 
 
 Decision = JobDecision
@@ -65,8 +51,8 @@ class WriteJob:
         """A micro-batch's streaming query (Spark's query id, kept by its checkpoint; '' when not known): a sink
         whose batches another query committed refuses its lease and its decision."""
         self._scripts = {name: register_script(client, name) for name in SCRIPTS}
-        self._runner = ScriptRunner(client, direct=False, durability=self.settings.durability_level())
-        self.plain_runner = ScriptRunner(client, direct=False)
+        self._runner = ScriptRunner(client, run_scripts, direct=False, durability=self.settings.durability_level())
+        self.plain_runner = ScriptRunner(client, run_scripts, direct=False)
         """Runs the calls that are not confirmed at the durability level. On a cluster each call goes to the master
         of its key, and a script that master does not hold yet is loaded there (redis-py's own fallback loads it on
         every master, and fails when one of them is down)."""

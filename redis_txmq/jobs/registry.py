@@ -9,14 +9,12 @@ decided (its driver is settling it meanwhile), ``+inf`` for a job parked for an 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..entries import text
-from ..errors import TxMQConnectionError
-from ..keys import JOB_REGISTRY
-
-if TYPE_CHECKING:
-    from .driver import JobDecision, WriteJob
+from ..core.entries import text
+from ..core.errors import TxMQConnectionError
+from ..core.keys import JOB_REGISTRY
+from .job import Job, JobDecision
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +24,7 @@ def due(client: Any, now_ms: int, limit: int) -> list[str]:
     return [text(member) or "" for member in client.zrangebyscore(JOB_REGISTRY, "-inf", now_ms, start=0, num=limit)]
 
 
-def list_job(job: WriteJob, due_ms: int) -> None:
+def list_job(job: Job, due_ms: int) -> None:
     """List the job for the checker at ``due_ms`` (server ms); best effort: on a cluster whose master of
     ``txmq:jobs`` is unreachable the job goes on without it (logged). The listing is only for the checker, which
     settles what a dead driver left: a live driver settles its job itself (commit, abort), every lease renewal of a
@@ -39,13 +37,13 @@ def list_job(job: WriteJob, due_ms: int) -> None:
         )
 
 
-def list_decided(job: WriteJob, job_decision: JobDecision) -> None:
+def list_decided(job: Job, job_decision: JobDecision) -> None:
     """A decided job is due for the checker ``transaction_timeout`` after its job decision."""
     if job_decision.decided_ms is not None:
         list_job(job, job_decision.decided_ms + int(job.settings.transaction_timeout * 1000))
 
 
-def unlist(job: WriteJob, settled: JobDecision) -> None:
+def unlist(job: Job, settled: JobDecision) -> None:
     """Unlist the job settled by ``settled``; list it again when its record says another run of it is not settled:
     a lease (a micro-batch that a replay leased meanwhile) or a job decision other than ``settled`` (a replay that
     decided COMMIT meanwhile, its driver maybe gone), for when the checker should look at it.
@@ -66,7 +64,7 @@ def unlist(job: WriteJob, settled: JobDecision) -> None:
         list_job(job, int(decided) + int(job.settings.transaction_timeout * 1000))
 
 
-def park(job: WriteJob, reason: str) -> None:
+def park(job: Job, reason: str) -> None:
     """Keep the job listed, out of the checker's way (score ``+inf``), its reason in its record's ``parked``
     field, and say so in the log: its rows need an operator."""
     logger.error("write job %s parked (%s): %s", job.job_id, job.keys.decision, reason)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config import Settings
-from ..connection import REDIS_ERRORS
-from ..errors import TxMQError, UnpublishableJobError
-from ..keys import JobKeys
+from ..core.clients import REDIS_ERRORS
+from ..core.config import Settings
+from ..core.errors import TxMQError, UnpublishableJobError
+from ..core.keys import JobKeys
 from . import registry
 from .driver import ROLLBACK, JobDecision, WriteJob
 

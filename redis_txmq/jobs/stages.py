@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
-from ..entries import text
-from ..errors import UnpublishableJobError, WriteJobError
-from ..keys import JOB_REGISTRY, published_key, stage_key, stream_of_stage
-from ..message import LocalTransactionState
+from ..core.entries import text
+from ..core.errors import UnpublishableJobError, WriteJobError
+from ..core.keys import JOB_REGISTRY, published_key, stage_key, stream_of_stage
+from ..core.message import LocalTransactionState
 from . import registry
-
-if TYPE_CHECKING:
-    from .driver import JobDecision, WriteJob
+from .job import Job, JobDecision
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +44,7 @@ def stage_entry_id(number: int, rows: int) -> str:
     return f"{number}-{rows}"
 
 
-def check_stages(job: WriteJob, stages: Iterable[str], rows: Mapping[str, int]) -> list[str]:
+def check_stages(job: Job, stages: Iterable[str], rows: Mapping[str, int]) -> list[str]:
     """What is wrong with the stages before any of their rows is published (``lua/check_stage.lua``, one call per
     stage in one pipeline, which also renews each stage's time to live): one line per stage that is missing or holds
     other rows than its attempt staged; empty when all can be published."""
@@ -66,7 +63,7 @@ def check_stages(job: WriteJob, stages: Iterable[str], rows: Mapping[str, int]) 
     return failures
 
 
-def open_stage(job: WriteJob, stream: str, attempt: str) -> str | None:
+def open_stage(job: Job, stream: str, attempt: str) -> str | None:
     """The stage of task attempt ``attempt`` for ``stream``: the job leased (and listed) first, then the stage
     listed in the job's stages (``lua/note_stage.lua``) and only then opened empty with a time to live
     (``lua/open_stage.lua``; rows go in with ``XADD NOMKSTREAM``): a stage exists only once listed, so the
@@ -102,7 +99,7 @@ def open_stage(job: WriteJob, stream: str, attempt: str) -> str | None:
     return None
 
 
-def settle_by_job_decision(job: WriteJob, job_decision: JobDecision) -> int:
+def settle_by_job_decision(job: Job, job_decision: JobDecision) -> int:
     """Publish the job decision's stages (a COMMIT), delete every other stage of the job, unlist it; returns the
     rows this call published. Raises :class:`UnpublishableJobError` (after parking the job) when a committed stage
     is missing or holds other rows than staged (found before any row is published: nothing is), cannot be published
@@ -137,7 +134,7 @@ def settle_by_job_decision(job: WriteJob, job_decision: JobDecision) -> int:
     return published
 
 
-def delete_stages(job: WriteJob, keep: set[str], aside_only: bool) -> None:
+def delete_stages(job: Job, keep: set[str], aside_only: bool) -> None:
     """Delete the stage streams of the job that are not to be published, then their lists. A discarded
     micro-batch deletes only its set aside stages: its stage list may already be a replay's."""
     client, keys = job.client, job.keys
@@ -153,7 +150,7 @@ def delete_stages(job: WriteJob, keep: set[str], aside_only: bool) -> None:
         job._do("delete its stage list", lambda: client.delete(keys.stages))
 
 
-def publish_stage(job: WriteJob, stage: str) -> tuple[int, int]:
+def publish_stage(job: Job, stage: str) -> tuple[int, int]:
     """Move a stage into its topic stream, chunk by chunk (``lua/publish_stage.lua``, confirmed at the durability
     level): the rows this call moved, and the rows published from it in all (by any caller)."""
     stream = stream_of_stage(stage)

@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Column, MetaData, String
 
-from ..entries import ConsumedMessage
-from ..local_records import (
+from ..core.entries import ConsumedMessage
+from ..core.local_records import (
     CONSUMER_GROUP_LENGTH,
     MESSAGE_ID_LENGTH,
     PURGE_BATCH_SIZE,
@@ -44,13 +44,13 @@ class Inbox(InboxRules):
     on MySQL / MariaDB its columns are ``VARBINARY``, not ``VARCHAR`` in the server's case-insensitive collation; a
     table made by your migrations there needs binary key columns too. A group or id longer than its column is
     refused, never truncated. What it decides without the database is
-    :class:`~redis_txmq.local_records.InboxRules`, shared with the Django inbox."""
+    :class:`~redis_txmq.core.local_records.InboxRules`, shared with the Django inbox."""
 
     _logger = logging.getLogger(__name__)
 
     def __init__(self, metadata: MetaData, *, table_name: str = "txmq_inbox") -> None:
         """The table in ``metadata``. Its declaration has the shape of the log's (keys, a topic, a time column): two
-        tables, each declared once; the rules they share are in :mod:`redis_txmq.local_records`."""
+        tables, each declared once; the rules they share are in :mod:`redis_txmq.core.local_records`."""
         self.table = table_in(
             metadata,
             table_name,

@@ -1,4 +1,4 @@
-"""Where the transaction log's row stands in a SQLAlchemy session or connection (:mod:`redis_txmq.log_rows`).
+"""Where the transaction log's row stands in a SQLAlchemy session or connection (:mod:`redis_txmq.core.log_rows`).
 
 ``TransactionLog.record(tx)`` marks its INSERT with an execution option; two listeners, installed once for every
 session and engine of the process, see that statement run and attach a watch to the transaction:
@@ -27,8 +27,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from ..local_records import open_handle
-from ..log_rows import RowState, watch_row
+from ..core.local_records import open_handle
+from ..core.log_rows import RowState, watch_row
 
 ROW_OPTION = "txmq_log_row"
 """The execution option of ``record()``'s INSERT: the transaction id its row is of."""

@@ -1,5 +1,5 @@
 """What the transaction log and the inbox send to the database, and how each effect of their steps
-(:mod:`redis_txmq.local_records`) is run: on a connection of its own from the engine, by one sync function for both
+(:mod:`redis_txmq.core.local_records`) is run: on a connection of its own from the engine, by one sync function for both
 APIs — the asyncio methods hand it the sync face of their ``AsyncConnection`` / ``AsyncSession`` (``run_sync``), so
 the sync and asyncio methods of :class:`~redis_txmq.sqlalchemy.TransactionLog` and
 :class:`~redis_txmq.sqlalchemy.Inbox` are written once.
@@ -31,9 +31,9 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.types import TypeDecorator
 
-from .. import local_records
-from ..errors import ConfigurationError
-from ..local_records import MYSQL_FAMILY, OldKeys, check_purge, purge_steps, run, run_async
+from ..core import local_records
+from ..core.errors import ConfigurationError
+from ..core.local_records import MYSQL_FAMILY, OldKeys, check_purge, purge_steps, run, run_async
 
 ON_CONFLICT_DIALECTS = ("postgresql", "sqlite")
 IGNORE_DIALECTS = MYSQL_FAMILY
@@ -117,7 +117,7 @@ def insert_once(executor: Any, table: Table, values: dict[str, Any]) -> bool:
 
 
 def check_lengths(table: Table, values: dict[str, Any], what: str) -> None:
-    """:func:`redis_txmq.local_records.check_lengths` against ``table``'s columns."""
+    """:func:`redis_txmq.core.local_records.check_lengths` against ``table``'s columns."""
     local_records.check_lengths(values, lambda name: getattr(table.c[name].type, "length", None), table.name, what)
 
 
@@ -152,7 +152,7 @@ def on_own_connection_async(engine: Any, perform: Callable[[Any, Any], Any]) -> 
 
 
 class Purge:
-    """The statements of a purge in batches (:func:`redis_txmq.local_records.purge_steps`): :attr:`batch` reads the
+    """The statements of a purge in batches (:func:`redis_txmq.core.local_records.purge_steps`): :attr:`batch` reads the
     keys of up to ``batch_size`` rows older than the cutoff (a plain read, no locks), :meth:`delete` deletes those
     rows by key (still older than the cutoff: a key written again since is kept)."""
 
@@ -170,7 +170,7 @@ class Purge:
         return delete(self.table).where(tuple_(*self.keys).in_([tuple(key) for key in keys]), self.old)
 
     def perform(self, connection: Any, effect: Any) -> Any:
-        """An effect of :func:`redis_txmq.local_records.purge_steps` on a sync ``Connection``."""
+        """An effect of :func:`redis_txmq.core.local_records.purge_steps` on a sync ``Connection``."""
         if isinstance(effect, OldKeys):
             return list(connection.execute(self.batch).all())
         with connection.begin():

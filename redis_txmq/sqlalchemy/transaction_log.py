@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import Column, Insert, MetaData, String, insert, select
 from sqlalchemy.exc import OperationalError
 
-from ..local_records import (
+from ..core.local_records import (
     PURGE_BATCH_SIZE,
     SESSION_LOCK_TIMEOUT_READ,
     STATE_LENGTH,
@@ -50,8 +50,8 @@ from ..local_records import (
     session_lock_timeout_restore,
     transaction_lock_timeout,
 )
-from ..message import LocalTransactionState, Message
-from ..sending import HandleState, ManyHandleState
+from ..core.message import LocalTransactionState, Message
+from ..core.sending import HandleState, ManyHandleState
 from . import row_watch
 from .statements import (
     Key,
@@ -76,7 +76,7 @@ class TransactionLog(TransactionLogRules):
     ``topic``, ``state`` and ``recorded_at``). ``lock_timeout_seconds`` bounds a fence's wait on a row a running
     local transaction holds (PostgreSQL's ``lock_timeout``, MySQL / MariaDB's ``innodb_lock_wait_timeout`` in whole
     seconds, set for the fence only; SQLite waits its own busy timeout). What it decides without the database
-    (the rules above, the handles open in this process) is :class:`~redis_txmq.local_records.TransactionLogRules`,
+    (the rules above, the handles open in this process) is :class:`~redis_txmq.core.local_records.TransactionLogRules`,
     shared with the Django log."""
 
     _LOCK_ERRORS = (OperationalError,)

@@ -13,7 +13,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
 from redis_txmq import LocalTransactionState, Message, TransactionListener
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
 
 TOPIC = TopicKeys("orders")
 

@@ -18,7 +18,7 @@ import pytest
 from orders.models import Invoice
 
 from redis_txmq import Consumer, LocalTransactionState, Message, TransactionProducer
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
 
 from ..helpers import ScriptedListener, wait_until
 from .test_kills import ROOT, environment, output

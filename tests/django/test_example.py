@@ -21,8 +21,8 @@ from orders.billing import invoice
 from orders.models import Invoice, Order
 
 from redis_txmq import Consumer
+from redis_txmq.core.keys import TopicKeys
 from redis_txmq.django import Inbox
-from redis_txmq.keys import TopicKeys
 
 KEYS = TopicKeys("orders")
 ON_SQLITE = pytest.mark.parametrize("django_database", ["sqlite"], indirect=True)  # the example's database: default
@@ -125,7 +125,7 @@ def test_the_migrations_match_the_models(django_database: str) -> None:
 
 def test_the_core_does_not_import_django() -> None:
     code = (
-        "import sys, redis_txmq, redis_txmq.asyncio, redis_txmq.consumer, redis_txmq.producer\n"
+        "import sys, redis_txmq, redis_txmq.asyncio, redis_txmq.sync.consumer, redis_txmq.sync.producer\n"
         "assert 'django' not in sys.modules, sorted(m for m in sys.modules if m.startswith('django'))"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -16,9 +16,9 @@ from orders.models import Invoice
 
 from redis_txmq import ConsumedMessage, Consumer, LocalTransactionState, Message, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
+from redis_txmq.core.errors import ConfigurationError
 from redis_txmq.django import Inbox
 from redis_txmq.django.models import InboxEntry
-from redis_txmq.errors import ConfigurationError
 
 REDELIVER_SOON: dict[str, Any] = {"block": 0.05, "min_idle_time": 0.2}
 

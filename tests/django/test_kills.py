@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from django.db import connections
 from orders.models import Invoice, Order
+from redis_txmq.checker import Checker
 
-from checker import Checker
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
 
 from ..helpers import pending, wait_until
 from .service import ORDERS, SETTINGS, SETTINGS_ENV

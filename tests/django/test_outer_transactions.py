@@ -19,13 +19,13 @@ from django.db import IntegrityError, connections, transaction
 from django.test import AsyncClient, Client
 from orders import txmq as example_txmq
 from orders.models import Order
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
+from redis_txmq.core.keys import TopicKeys
 from redis_txmq.django import TransactionLog
 from redis_txmq.django.models import TransactionLogEntry
-from redis_txmq.keys import TopicKeys
 
 from ..helpers import check_until_settled, published_of, wait_until
 from .outer_urls import STATE, OrderListener
@@ -286,7 +286,7 @@ def test_a_django_connection_error_leaves_the_transaction_to_the_check_back() ->
     connection's commit hooks: the commit may have been applied, so the block decides nothing."""
     from django.db.utils import InterfaceError, OperationalError
 
-    from redis_txmq.sending import outcome_of_block
+    from redis_txmq.core.sending import outcome_of_block
 
     for error in (OperationalError("server closed the connection unexpectedly"), InterfaceError("closed")):
         assert outcome_of_block(type(error), error)[0] is UNKNOWN

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
+from redis_txmq.checker import Checker
 
-from checker import Checker
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq.core.errors import ConfigurationError
+from redis_txmq.core.keys import TopicKeys
 from redis_txmq.django import TransactionLog
 from redis_txmq.django.models import TransactionLogEntry
-from redis_txmq.errors import ConfigurationError
-from redis_txmq.keys import TopicKeys
 
 from ..helpers import wait_until
 

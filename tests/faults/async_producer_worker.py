@@ -26,7 +26,7 @@ from typing import Any
 from redis_txmq import LocalTransactionState, Message, PrepareError, Settings, TransactionSendResult
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
 from redis_txmq.asyncio.producer import AsyncTransaction, AsyncTransactionOfMany
-from redis_txmq.sending import HandleState
+from redis_txmq.core.sending import HandleState
 
 from .ledger import Ledger
 from .producer_worker import (

@@ -32,7 +32,7 @@ from typing import Any
 import redis
 
 from redis_txmq import create_topic
-from redis_txmq.keys import (
+from redis_txmq.core.keys import (
     CHECKER_INSTANCES,
     CHECKER_LEVELS,
     GROUP_REGISTRY,
@@ -42,7 +42,7 @@ from redis_txmq.keys import (
     GroupKeys,
     TopicKeys,
 )
-from redis_txmq.topics import partition_keys_of
+from redis_txmq.core.topics import partition_keys_of
 
 from .ledger import Ledger
 from .producer_worker import kill_flag

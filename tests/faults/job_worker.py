@@ -55,15 +55,15 @@ from typing import Any
 
 import pyarrow as pa
 import redis
+import redis_txmq.spark.writer
 from pyspark.sql.types import StringType, StructField, StructType
+from redis_txmq.spark.writer import BatchWriter, StagedRows, StreamWriter, parse_write_options
 
 import redis_txmq.jobs.stages
-import spark_connector.writer
-from redis_txmq.errors import TxMQConnectionError
+from redis_txmq.core.errors import TxMQConnectionError
+from redis_txmq.core.keys import JobKeys
+from redis_txmq.core.topics import partition_keys
 from redis_txmq.jobs import JobDecision, WriteJob
-from redis_txmq.keys import JobKeys
-from redis_txmq.topics import partition_keys
-from spark_connector.writer import BatchWriter, StagedRows, StreamWriter, parse_write_options
 
 logger = logging.getLogger("faults.jobs")
 
@@ -308,7 +308,7 @@ class TaskContexts:
         return self._attempt
 
     def getLocalProperty(self, key: str) -> str | None:  # noqa: N802 - Spark's name
-        if key == spark_connector.writer.BATCH_ID_PROPERTY and self._batch_id is not None:
+        if key == redis_txmq.spark.writer.BATCH_ID_PROPERTY and self._batch_id is not None:
             return str(self._batch_id)
         return None
 
@@ -598,8 +598,8 @@ def main(config_path: str, slot_arg: str) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    spark_connector.writer.TaskContext = TaskContexts  # type: ignore[misc,assignment]
-    spark_connector.writer.ROWS_PER_STAGE_ENTRY = ROWS_PER_ENTRY  # type: ignore[misc]
+    redis_txmq.spark.writer.TaskContext = TaskContexts  # type: ignore[misc,assignment]
+    redis_txmq.spark.writer.ROWS_PER_STAGE_ENTRY = ROWS_PER_ENTRY  # type: ignore[misc]
     redis_txmq.jobs.stages.PUBLISH_CHUNK = PUBLISH_CHUNK  # type: ignore[misc]
     driver = Driver(config, slot, stop)
     driver.injector.install()

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from redis_txmq.keys import (
+from redis_txmq.core.keys import (
     CHECKERS_CONSUMER_GROUP,
     PRODUCERS_CONSUMER_GROUP,
     REPLY_STREAM,
@@ -18,7 +18,7 @@ from redis_txmq.keys import (
     TopicKeys,
     topic_keys_of_stream,
 )
-from redis_txmq.topics import partition_keys
+from redis_txmq.core.topics import partition_keys
 
 from .harness import CONSUMER_GROUP, PRODUCER_GROUP, TOPICS
 

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from sqlalchemy.orm import sessionmaker
 
 from redis_txmq import ConsumedMessage, LocalTransactionState, Message
-from redis_txmq.sending import HandleState
+from redis_txmq.core.sending import HandleState
 from redis_txmq.sqlalchemy import Inbox, TransactionLog
 
 from .ledger import recorded_topics

@@ -44,9 +44,9 @@ from redis_txmq import (
     TransactionSendResult,
     TxMQError,
 )
-from redis_txmq.connection import REDIS_ERRORS
-from redis_txmq.sending import HandleState
-from redis_txmq.transaction import TransactionOfMany
+from redis_txmq.core.clients import REDIS_ERRORS
+from redis_txmq.core.sending import HandleState
+from redis_txmq.sync.transaction import TransactionOfMany
 
 from .ledger import VOID, Ledger, recorded_topics
 

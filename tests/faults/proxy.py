@@ -12,7 +12,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from redis_txmq.embedded import free_port
+from redis_txmq.transport.embedded import free_port
 
 CHUNK = 65536
 TICK = 0.02

@@ -16,7 +16,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from redis_txmq.embedded import free_port, wait_for_ping
+from redis_txmq.transport.embedded import free_port, wait_for_ping
 
 
 class RedisServer:

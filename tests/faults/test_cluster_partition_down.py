@@ -16,9 +16,9 @@ import pytest
 from redis.cluster import RedisCluster
 
 from redis_txmq import Message, Settings, TransactionProducer, TxMQConnectionError, create_topic
-from redis_txmq.embedded import free_port
-from redis_txmq.keys import topic_meta_key
-from redis_txmq.topics import partition_keys_of
+from redis_txmq.core.keys import topic_meta_key
+from redis_txmq.core.topics import partition_keys_of
+from redis_txmq.transport.embedded import free_port
 
 from ..helpers import wait_until
 from ..test_checker import COMMIT, Answers

@@ -38,11 +38,11 @@ import pytest
 import redis
 
 if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # the drivers run the Spark writer's code (no SparkSession)
-    pytest.importorskip("pyspark", reason="the write job faults drive spark_connector.writer: the spark extra")
+    pytest.importorskip("pyspark", reason="the write job faults drive redis_txmq.spark.writer: the spark extra")
 
 from redis_txmq import create_topic  # noqa: E402
-from redis_txmq.keys import JOB_REGISTRY  # noqa: E402
-from redis_txmq.topics import partition_keys  # noqa: E402
+from redis_txmq.core.keys import JOB_REGISTRY  # noqa: E402
+from redis_txmq.core.topics import partition_keys  # noqa: E402
 
 from .harness import TXMQ, Exit, Worker  # noqa: E402
 from .job_worker import TOPICS, Event, JobRecord, Journal  # noqa: E402

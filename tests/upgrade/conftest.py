@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import redis
 
-from redis_txmq import admin
-from redis_txmq.keys import TopicKeys
+from redis_txmq.core.keys import TopicKeys
+from redis_txmq.ops import admin
 
 from ..helpers import server_ms, wait_until
 
@@ -80,7 +80,7 @@ def old_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [
             sys.executable,
             "-c",
-            "import checker, redis_txmq, redis_txmq.scripts as s; print(redis_txmq.__version__); "
+            "import checker, redis_txmq, redis_txmq.core.scripts as s; print(redis_txmq.__version__); "
             "print(redis_txmq.__file__); print(checker.__file__); print(s._read.__wrapped__('heartbeat.lua'))",
         ],
         env=release_env(folder, {}),

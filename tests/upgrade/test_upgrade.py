@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from redis_txmq.keys import CHECKER_INSTANCES, GroupKeys
-from redis_txmq.layout import LAYOUT_VERSION, legacy_producers
+from redis_txmq.core.keys import CHECKER_INSTANCES, GroupKeys
+from redis_txmq.core.layout import LAYOUT_VERSION, legacy_producers
 
 from ..helpers import wait_until
 from .conftest import Fleet, assert_exactly_once

@@ -1,0 +1,135 @@
+"""What the core knows of redis-py's clients and errors without making or using one: which errors a call can
+raise and which of them are a lost connection, whether a client is a cluster's, how long it waits for a reply, how a
+URL is shown, how an instance is named. Making a client is :mod:`redis_txmq.transport.connection`'s."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
+
+SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
+"""The schemes of a URL of Redis behind Sentinel (:mod:`redis_txmq.transport.sentinel`) -> TLS."""
+
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+"""What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
+REDIRECTIONS: tuple[type[Exception], ...] = (MovedError, AskError, TryAgainError, ClusterDownError)
+"""Replies of a cluster node that send a call elsewhere (or later): the cluster client follows them."""
+CLUSTER_UNAVAILABLE: tuple[type[Exception], ...] = (TryAgainError, ClusterDownError)
+"""Error replies (``ResponseError``s) of a cluster node that say a slot is not served now (CLUSTERDOWN, MASTERDOWN,
+TRYAGAIN: a master just restarted or failing over), not that the call is wrong: like a dropped connection, they
+concern the keys of one master."""
+
+
+def connection_error_of(exc: BaseException) -> redis.ConnectionError | None:
+    """The connection error an ``AttributeError`` / ``TypeError`` raised inside redis-py's connection code stands
+    for, else None. redis-py's asyncio connection raises them when its socket is closed under a write (its writer
+    set to None by a concurrent disconnect, e.g. a cluster node reset during the connect handshake: redis-py issue
+    3546): a caller that retries or reports connection errors must see one, not a crash."""
+    if not isinstance(exc, (AttributeError, TypeError)):
+        return None
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    filename = frame.tb_frame.f_code.co_filename.replace("\\", "/") if frame is not None else ""
+    if "/redis/" not in filename or not filename.endswith("connection.py"):
+        return None
+    error = redis.ConnectionError(f"connection lost under a write ({type(exc).__name__}: {exc})")
+    error.__cause__ = exc
+    return error
+
+
+@contextlib.contextmanager
+def connection_errors() -> Iterator[None]:
+    """Around a Redis call: :func:`connection_error_of` applied to what it raises."""
+    try:
+        yield
+    except (AttributeError, TypeError) as exc:
+        error = connection_error_of(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a cluster client, sync or asyncio."""
+    return isinstance(client, RedisCluster) or is_async_cluster(client)
+
+
+def is_async_cluster(client: Any) -> bool:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    return isinstance(client, AsyncRedisCluster)
+
+
+REDIS_PY_SOCKET_TIMEOUT = 5.0
+"""redis-py's own ``socket_timeout`` when the client was given none (its connections' default since 6.0)."""
+
+
+def socket_timeout_of(client: Any) -> float | None:
+    """How long the client waits for a reply before it takes the connection for lost (None: for ever)."""
+    try:
+        kwargs = client.get_connection_kwargs()
+    except AttributeError:
+        return REDIS_PY_SOCKET_TIMEOUT
+    return kwargs.get("socket_timeout", REDIS_PY_SOCKET_TIMEOUT)
+
+
+def blocking_slice(wanted: float, socket_timeout: float | None) -> float:
+    """The longest a blocking read (XREADGROUP BLOCK) may wait on a healthy server without tripping the client's
+    socket timeout, which then stays the bound that notices a hung one: a second under it, or half of a short one.
+    A longer wait is several reads."""
+    if socket_timeout is None:
+        return wanted
+    return min(wanted, max(socket_timeout - 1.0, socket_timeout / 2))
+
+
+def instance_id(kind: str) -> str:
+    """A name for this process's instance of a producer, consumer or checker: host, pid and a random part."""
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for logs and errors."""
+    if is_sentinel_url(url):
+        return redact_sentinel_url(url)
+    try:
+        parts = urlsplit(url)
+        password, port = parts.password, parts.port
+    except ValueError:
+        return "<unparsable redis url>"
+    if password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if port:
+        host = f"{host}:{port}"
+    netloc = f"{user}:***@{host}" if user else f":***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in SENTINEL_SCHEMES
+
+
+def redact_sentinel_url(url: str) -> str:
+    """The URL with its passwords (the data's and the Sentinels') replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    rest, question, query = rest.partition("?")
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    if query:
+        query = "&".join(
+            "sentinel_password=***" if pair.startswith("sentinel_password=") else pair for pair in query.split("&")
+        )
+    return f"{scheme}{sep}{userinfo}{at}{hosts}{slash}{path}{question}{query}"
