@@ -50,6 +50,7 @@ from redis_txmq.core.errors import PrepareError, TransactionConflictError, Trans
 from redis_txmq.core.keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, decision_key, topic_keys_of_stream
 from redis_txmq.core.log_rows import RowState, watch_row
 from redis_txmq.core.protocol import DeadAction, EndSource, RecordAction
+from redis_txmq.core.states import State, reachable
 from redis_txmq.ops.admin import dead_letters, resolve_dead_transaction
 
 from .model_programs import Programs, Steps
@@ -181,6 +182,8 @@ class ProtocolModel(RuleBasedStateMachine):
         self.decided_open: set[str] = set()
         """Transactions an operator decided while their block was open: a send that raised then follows that
         decision (too late to be voided), as its error says."""
+        self.states: dict[str, State] = {}
+        """Message transaction id -> its state as Redis showed it after the last step."""
         self.outer: dict[str, OuterTransaction] = {}
         """Transactions whose block ended while their log row waits in an outer database transaction (still
         running: a check-back waits on the row and answers UNKNOWN)."""
@@ -706,6 +709,27 @@ class ProtocolModel(RuleBasedStateMachine):
                 )
 
     @invariant()
+    def every_change_of_state_is_a_move_of_the_table(self) -> None:
+        """Each message's state as Redis shows it (in flight, dead-lettered, published; gone after one of these:
+        rolled back) changes between two steps only along the moves of ``redis_txmq.core.states`` (the table the
+        docs' diagram is drawn from): nothing leaves COMMITTED or ROLLED_BACK, nothing is published or checked
+        again after it was rolled back."""
+        now: dict[str, State] = {}
+        for stream in STREAMS:
+            for field, _ in self.client.hscan_iter(topic_keys_of_stream(stream).inflight):
+                now[field.decode()] = State.IN_FLIGHT
+        for letter in dead_letters(self.client):
+            now[letter["transaction_id"]] = State.DEAD_LETTERED
+        for txid, _ in self.visible():
+            now[txid] = State.COMMITTED
+        for txid, before in self.states.items():
+            after = now.get(txid, State.ROLLED_BACK)
+            assert after in reachable(before), (
+                f"{txid} went from {before.value} to {after.value}: no path of the table of states"
+            )
+        self.states = {**dict.fromkeys(self.states, State.ROLLED_BACK), **now}
+
+    @invariant()
     def the_schedule_covers_what_is_in_flight(self) -> None:
         """The checkers' schedule holds every topic with a transaction in flight at or before its earliest check due
         (its first unchecked one's birth plus ``transaction_timeout``, or its first next check; any time not after
@@ -746,6 +770,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def check_now(self) -> None:
         """Every invariant, as hypothesis checks them after each step (for the pinned programs)."""
         self.a_decision_stands_while_a_message_of_it_is_dead_lettered()
+        self.every_change_of_state_is_a_move_of_the_table()
         self.the_schedule_covers_what_is_in_flight()
         self.nothing_twice_nothing_unasked()
 

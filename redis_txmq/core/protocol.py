@@ -30,6 +30,7 @@ from .errors import (
 )
 from .keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, TopicKeys
 from .message import LocalTransactionState, Message, remark_text
+from .states import State
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,14 @@ class DeadAction(str, enum.Enum):
     COMMIT = "COMMIT"
     ROLLBACK = "ROLLBACK"
     RECHECK = "RECHECK"
+
+
+RESOLVES_TO = {
+    DeadAction.COMMIT: State.COMMITTED,
+    DeadAction.ROLLBACK: State.ROLLED_BACK,
+    DeadAction.RECHECK: State.IN_FLIGHT,
+}
+"""Where each action takes a dead-lettered transaction (:mod:`redis_txmq.core.states`)."""
 
 
 ERRORS: dict[str, tuple[type[TransactionError], str]] = {

@@ -22,7 +22,8 @@ from ..core.keys import (
     topic_keys_of_stream,
 )
 from ..core.message import LocalTransactionState, validate_name
-from ..core.protocol import DeadAction, EndResult, EndSource, RecordAction, message_index
+from ..core.protocol import RESOLVES_TO, DeadAction, EndResult, EndSource, RecordAction, message_index
+from ..core.states import State, move
 from ..sync.broker import RedisBroker
 from ..transport.connection import pipeline_each, server_info, server_nodes
 
@@ -558,7 +559,9 @@ def resolve_dead_transaction(
     flight. Running it again after a crash finishes the job: the decision is written once and each resolution is
     idempotent."""
     client = broker.client
+    resolution = move(State.DEAD_LETTERED, RESOLVES_TO[action])  # the table of states says where the action leads
     keys, whole_id = find_dead_transaction(client, transaction_id, topic)
+    logger.info("transaction %s: %s", whole_id, resolution.by)
     fields = _dead_letter_fields(client, keys, whole_id)
     parent = entries.text(fields.get(entries.PARENT_TRANSACTION_ID)) or ""
     if not fields and "." in whole_id:  # resolved before: its record says what a repeat may do
