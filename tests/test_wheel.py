@@ -4,6 +4,7 @@ carries the license its metadata names."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tarfile
@@ -47,7 +48,11 @@ def check_wheel_contents(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         top_level = {name.split("/")[0] for name in names if ".dist-info/" not in name}
-        assert top_level == {"redis_txmq", "checker", "spark_connector"}, top_level
+        assert top_level == {"redis_txmq"}, top_level
+        assert {"redis_txmq/checker/worker.py", "redis_txmq/spark/writer.py", "redis_txmq/sync/producer.py"} <= set(
+            names
+        )
+        assert "redis_txmq/lua/include/repeat_wake.lua" in names
         assert not [name for name in names if name.lower().endswith(".png")]
         assert "redis_txmq/py.typed" in names and "redis_txmq/lua/end_transaction.lua" in names
         (license_file,) = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
@@ -79,15 +84,74 @@ def test_wheel_install_sends_a_transaction(tmp_path, real_client, redis_url):
     assert line.startswith("error: ") and "source checkout" in line and "pip install -e '.[bench]'" in line
 
 
+IMPORTS = textwrap.dedent(
+    """
+    import importlib, json, sys
+    names = json.loads(sys.argv[1])
+    failed = {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            failed[name] = repr(exc)
+    tops = []
+    for top in ("checker", "spark_connector", "bench"):
+        try:
+            importlib.import_module(top)
+            tops.append(top)
+        except ImportError:
+            pass
+    import redis_txmq.core.scripts
+    lua = redis_txmq.core.scripts.script_source("heartbeat")[:20]
+    print(json.dumps({"failed": failed, "top_level": tops, "lua": lua}))
+    """
+)
+
+
 @pytest.mark.slow
-def test_editable_install_imports_the_benchmarks(tmp_path):
-    """`txmq bench` works from a checkout installed in editable mode: `bench` is importable there."""
-    run(sys.executable, "-m", "venv", tmp_path / "venv", cwd=tmp_path)
-    python = tmp_path / "venv" / "bin" / "python"
-    run(python, "-m", "pip", "install", "-q", "--no-deps", "-e", ROOT, cwd=tmp_path)
-    where = "import importlib.util; print(importlib.util.find_spec('bench.run').origin)"
-    found = run(python, "-c", where, cwd=tmp_path)
-    assert Path(found.strip()) == ROOT / "bench" / "run.py"
+def test_wheel_and_editable_install_import_the_same_names(tmp_path):
+    """One top-level package both ways: every module the wheel holds imports from the wheel and from an editable
+    install (the checker and the Spark source inside the package, ``redis_txmq.checker`` and ``redis_txmq.spark``),
+    neither makes ``checker``, ``spark_connector`` or ``bench`` importable, both find the Lua scripts; and ``txmq
+    bench`` runs from the editable checkout (the benchmarks sit beside the package there)."""
+    pyspark = pytest.importorskip("pyspark", reason="redis_txmq.spark imports pyspark: the spark extra")
+    site = Path(pyspark.__file__).parent.parent
+    assert not (site / "redis_txmq").exists(), "this environment holds a copy of redis_txmq, not an editable install"
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "dist", ROOT, cwd=tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("redis_txmq-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        files = [name for name in archive.namelist() if name.endswith(".py")]
+    names = sorted(
+        name.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for name in files
+        if "/django/" not in name  # Django's modules need the host's settings
+    )
+    assert {"redis_txmq.checker.worker", "redis_txmq.spark.writer", "redis_txmq.core.states"} <= set(names)
+    for kind in ("wheel", "editable"):
+        venv = tmp_path / kind
+        run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+        python = venv / "bin" / "python"
+        # the dependencies from this environment (a path line adds the folder, not its .pth files: not its
+        # editable install of redis_txmq)
+        (own_site,) = venv.glob("lib/python*/site-packages")
+        (own_site / "dependencies.pth").write_text(f"{site}\n")
+        install = wheel if kind == "wheel" else ("-e", ROOT)
+        run(
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            *(install if kind == "editable" else (install,)),
+            cwd=tmp_path,
+        )
+        got = json.loads(run(python, "-c", IMPORTS, json.dumps(names), cwd=tmp_path).strip().splitlines()[-1])
+        assert got["failed"] == {}, (kind, got["failed"])
+        assert got["top_level"] == [], (kind, got["top_level"])
+        assert got["lua"], kind
+    txmq = tmp_path / "editable" / "bin" / "txmq"
+    assert "--quick" in run(txmq, "bench", "--help", cwd=tmp_path)
 
 
 @pytest.mark.slow
