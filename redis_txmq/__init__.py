@@ -4,9 +4,10 @@ The public names, re-exported from where they live: ``core/`` the protocol witho
 (generated from ``asyncio/``), ``transport/`` connections; ``docs/contributing.md`` has the map of the folders."""
 
 import importlib
+from pathlib import Path
 from types import ModuleType
 
-from . import _moved
+from . import _moved, _source_tree
 from .core.config import Settings
 from .core.entries import ConsumedMessage
 from .core.errors import (
@@ -42,6 +43,7 @@ from .sync.transaction import Transaction
 __version__ = "0.2.0"
 
 _moved.install()
+_source_tree.install(Path(__file__).resolve().parent)
 
 
 def __getattr__(name: str) -> ModuleType:
