@@ -1,5 +1,5 @@
 """Prometheus metrics of one checker instance (text format through prometheus-client), and the HTTP server that
-serves them at ``/metrics`` with the probes ``/healthz`` and ``/readyz`` (:mod:`redis_txmq.checker.health`)."""
+serves them at ``/metrics`` with the probes ``/healthz`` and ``/readyz`` (``redis_txmq.checker.health``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 class CheckerMetrics:
     """One registry per checker, so that several checkers (or tests) in one process do not collide. It also holds
-    the checker's :class:`CheckerHealth`, which the loop feeds through the methods below."""
+    the checker's ``CheckerHealth``, which the loop feeds through the methods below."""
 
     def __init__(
         self,
@@ -180,7 +180,7 @@ class CheckerMetrics:
 
     def observe(self, client: Any, topics: list[TopicKeys]) -> None:
         """The gauges of topics, consumer groups and masters, when due
-        (:class:`redis_txmq.checker.observe.Observer`)."""
+        (``redis_txmq.checker.observe.Observer``)."""
         self.observer.observe(client, topics)
 
     def observe_masters(self, client: Any) -> None:

@@ -4,7 +4,7 @@ counters take from what Redis holds (topics, producer groups), created at 0 as t
 
 Read with the queries of ``txmq status`` (``redis_txmq.ops.admin``, in pipelines over all topics), every ``interval``
 seconds (not every round: about five commands per topic stream), less often with thousands of topics
-(:data:`TOPICS_PER_SECOND`). A topic that cannot be read keeps its last values and is counted in
+(``TOPICS_PER_SECOND``). A topic that cannot be read keeps its last values and is counted in
 ``txmq_checker_errors_total{step="observe"}``; a topic or consumer group that is gone drops out of the gauges.
 """
 
@@ -25,7 +25,7 @@ from redis_txmq.transport.connection import server_nodes
 
 
 class ObservedMetrics(Protocol):
-    """What the observer sets of the checker's metrics (:class:`redis_txmq.checker.metrics.CheckerMetrics`, which
+    """What the observer sets of the checker's metrics (``redis_txmq.checker.metrics.CheckerMetrics``, which
     owns an observer: the observer names only the series it writes)."""
 
     checks_sent: Counter
@@ -70,7 +70,7 @@ class Observer:
         self._masters: set[str] = set()
 
     def observe(self, client: Any, topics: list[TopicKeys], force: bool = False) -> bool:
-        """Observe now if ``interval`` (or one second per :data:`TOPICS_PER_SECOND` topic streams, when longer) has
+        """Observe now if ``interval`` (or one second per ``TOPICS_PER_SECOND`` topic streams, when longer) has
         passed since the last time (or ``force``); True if it did."""
         now = self._clock()
         if not force and now < self._next:
@@ -83,8 +83,8 @@ class Observer:
 
     def observe_masters(self, client: Any, force: bool = False) -> bool:
         """``txmq_redis_master_up`` alone, if ``interval`` has passed since the masters were last pinged (or
-        ``force``); True if it did. The checker's loop calls it while its scan cannot run (Redis away), when
-        :meth:`observe` is not reached: a single server that is down shows as down."""
+        ``force``); True if it did. The checker's loop calls it while its scan cannot run (Redis away), when ``observe``
+        is not reached: a single server that is down shows as down."""
         now = self._clock()
         if not force and now < self._next_masters:
             return False

@@ -1,5 +1,5 @@
 """Which topics a checker round looks at: those the checkers' schedule says are due (``txmq:schedule``,
-:data:`redis_txmq.core.keys.SCHEDULE`), and, on a full pass, every registered topic the schedule does not cover.
+``redis_txmq.core.keys.SCHEDULE``), and, on a full pass, every registered topic the schedule does not cover.
 
 The schedule is what makes an idle checker cheap: a round reads one sorted set instead of visiting every topic. It
 holds each topic at or before its earliest check due (a look, ``lua/claim_checks.lua``, says when; a prepare into a
@@ -97,7 +97,7 @@ def _queue_probe(pipe: Any, keys: TopicKeys) -> int:
 
 
 def due_topic_keys(streams: Iterable[str], reported: set[str]) -> tuple[list[TopicKeys], list[str]]:
-    """The :class:`TopicKeys` of the due members of the schedule, and the members that are no topic stream key
+    """The ``TopicKeys`` of the due members of the schedule, and the members that are no topic stream key
     (written by another tool: logged once, and dropped from the schedule by the caller, or they would be due
     forever)."""
     keys: list[TopicKeys] = []

@@ -1,11 +1,11 @@
 """The check-back worker (RocketMQ's TransactionalMessageCheckService), run as ``txmq checker``.
 
-One round: for every topic stream the checkers' schedule says is due (:mod:`redis_txmq.checker.schedule`; on a full
-pass, also every registered topic it does not cover), claim the transactions due for a check (``lua/claim_checks.lua``:
-counted, rescheduled or dead-lettered atomically, so N checkers never check one transaction twice per interval)
-and send a check request to the transaction's producer group; then apply the answers of the reply stream through
-the producer's own end script. Checkers read the reply stream through one consumer group: the answers a dead
-checker had read are claimed by a live one after ``claim_idle``.
+One round: for every topic stream the checkers' schedule says is due (``redis_txmq.checker.schedule``; on a full pass,
+also every registered topic it does not cover), claim the transactions due for a check (``lua/claim_checks.lua``:
+counted, rescheduled or dead-lettered atomically, so N checkers never check one transaction twice per interval) and send
+a check request to the transaction's producer group; then apply the answers of the reply stream through the producer's
+own end script. Checkers read the reply stream through one consumer group: the answers a dead checker had read are
+claimed by a live one after ``claim_idle``.
 """
 
 from __future__ import annotations
@@ -68,18 +68,47 @@ from .schedule import TopicProbe, due_topic_keys, probe_topics
 
 logger = logging.getLogger(__name__)
 
+ROUND_LOGGER = "redis_txmq.checker.rounds"
+"""The logger of the one line each round that did something says (INFO): a logger of its own, so that an operator
+sees the check-backs at work without the per-transaction INFO lines; ``txmq checker`` shows it by default."""
+round_logger = logging.getLogger(ROUND_LOGGER)
+
 
 @dataclass
 class RoundStats:
+    """What one round did; ``Checker.run`` and ``Checker.run_round`` log it as one line unless it is idle."""
+
     checks_sent: int = 0
     dead_lettered: int = 0
     replies_applied: int = 0
     more_due: bool = False
     """A topic had more due than one scan claims (``SCAN_BATCHES`` × ``batch_size``)."""
+    committed: int = 0
+    """Transactions the answers applied this round committed (of ``replies_applied``)."""
+    rolled_back: int = 0
+    answers: int = 0
+    """Answers read from the reply stream, applied or not (UNKNOWN, or for a transaction that had ended)."""
+    seconds: float = 0.0
+    """Time spent scanning and applying answers; not the time spent waiting for answers."""
+
+    @property
+    def idle(self) -> bool:
+        return not (self.checks_sent or self.dead_lettered or self.answers)
+
+    def summary(self) -> str:
+        """``3 check-backs sent, 2 committed, 1 rolled back, 0 dead-lettered, 12 ms``."""
+        line = (
+            f"{self.checks_sent} check-backs sent, {self.committed} committed, {self.rolled_back} rolled back, "
+            f"{self.dead_lettered} dead-lettered"
+        )
+        unchanged = self.answers - self.replies_applied
+        if unchanged > 0:
+            line += f", {unchanged} answer{'s' if unchanged > 1 else ''} changed nothing"
+        return f"{line}, {self.seconds * 1000:.0f} ms"
 
 
 _FAILED = object()
-"""What a guarded step of :meth:`Checker.run` returns when it failed."""
+"""What a guarded step of ``Checker.run`` returns when it failed."""
 
 _RECORD_UNREAD = TxMQConnectionError("the record of its transaction cannot be read")
 """Why a claimed message of a transaction of several was not asked about: its record's master is down."""
@@ -108,7 +137,7 @@ _Look = tuple[str, str, str]
 
 
 class Checker:
-    """One checker instance. :meth:`run` loops until its stop event is set; :meth:`run_round` does one round."""
+    """One checker instance. ``run`` loops until its stop event is set; ``run_round`` does one round."""
 
     def __init__(
         self,
@@ -131,7 +160,7 @@ class Checker:
         self.scan_interval = scan_interval or min(1.0, self.settings.check_interval / 2)
         self.sweep_interval = sweep_interval
         self.full_pass_interval = full_pass_interval
-        """Seconds between two full passes over every registered topic (:mod:`redis_txmq.checker.schedule`)."""
+        """Seconds between two full passes over every registered topic (``redis_txmq.checker.schedule``)."""
         self.only_topics = frozenset(only_topics) if only_topics is not None else None
         """The topics this checker looks after (None: all): a demo or a benchmark must not check other services'
         transactions with its short timeouts."""
@@ -153,10 +182,13 @@ class Checker:
         self._last_topics: list[TopicKeys] | None = None
         self._registry_unreachable = False
         self._started = False
+        self._answered = RoundStats()
+        """What the answers applied since the last round line did (they come between scans)."""
 
     def start(self) -> None:
-        """Load the scripts and join the checkers; raises :class:`TxMQConnectionError` when Redis cannot be reached
-        (:meth:`run` retries it with backoff instead)."""
+        """Load the scripts and join the checkers; raises
+        [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when Redis cannot be reached (``run``
+        retries it with backoff instead)."""
         try:
             self.broker.load_scripts()
             preload(self.heartbeat.script)
@@ -186,6 +218,7 @@ class Checker:
         try:
             while not stop.is_set():
                 healthy = True
+                stats: Any = None
                 now = time.monotonic()
                 if now >= next_beat:
                     healthy &= self._guarded("heartbeat", self._beat) is not _FAILED
@@ -198,8 +231,12 @@ class Checker:
                     next_scan = now if more_due else now + self.scan_interval
                 wait = max(0.0, min(next_scan - time.monotonic(), 1.0))
                 block_ms = int(blocking_slice(wait, socket_timeout_of(self.client)) * 1000)
-                replies_ok = self._guarded("replies", functools.partial(self.process_replies, block_ms)) is not _FAILED
+                replies = self._guarded("replies", functools.partial(self.process_replies, block_ms))
+                replies_ok = replies is not _FAILED
                 healthy &= replies_ok
+                done = stats if isinstance(stats, RoundStats) else RoundStats()
+                done.replies_applied += replies if replies_ok else 0
+                self._say_round(done)
                 if not healthy:
                     # the scan observes the masters; while Redis is away it does not run (or fails before): PING
                     # them here, so that txmq_redis_master_up says so
@@ -254,6 +291,18 @@ class Checker:
             self.start()
         stats = self.scan()
         stats.replies_applied = self.process_replies(block_ms=None)
+        return self._say_round(stats)
+
+    def _say_round(self, stats: RoundStats) -> RoundStats:
+        """Add what the answers applied since the last round did to ``stats``, and log the round as one line at
+        INFO (``ROUND_LOGGER``) unless it did nothing: an idle checker stays quiet."""
+        answered, self._answered = self._answered, RoundStats()
+        stats.answers += answered.answers
+        stats.committed += answered.committed
+        stats.rolled_back += answered.rolled_back
+        stats.seconds += answered.seconds
+        if not stats.idle:
+            round_logger.info("checker %s round: %s", self.instance_id, stats.summary())
         return stats
 
     def topics(self) -> list[TopicKeys]:
@@ -343,6 +392,7 @@ class Checker:
         self._observe_in_flight(looking, probes)
         self.metrics.topics_scanned(looking, failed)
         self._guarded("observe", functools.partial(self.metrics.observe, self.client, self._last_topics or looking))
+        stats.seconds = time.monotonic() - now
         return stats
 
     def _due_topics(self, stats: RoundStats) -> tuple[str, list[TopicKeys]]:
@@ -810,6 +860,7 @@ class Checker:
         """Apply a batch of answers in one pipeline of end calls (each still one atomic script), then ack them.
 
         A connection error raises before the ack: the answers stay pending and are applied later."""
+        started = time.monotonic()
         done: list[str] = []
         ends: list[EndCall] = []
         contexts: list[dict[str, str]] = []
@@ -840,6 +891,8 @@ class Checker:
             pipe.xack(REPLY_STREAM, CHECKERS_CONSUMER_GROUP, *done)
             pipe.xdel(REPLY_STREAM, *done)
             pipe.execute()
+        self._answered.answers += len(done)
+        self._answered.seconds += time.monotonic() - started
         return applied
 
     def _end_of(self, reply_id: str, fields: dict[str, bytes]) -> EndCall | None:
@@ -898,8 +951,10 @@ class Checker:
             return 0
         if result.state == LocalTransactionState.COMMIT.value:
             self.metrics.commits.labels(topic).inc()
+            self._answered.committed += 1
         elif result.state == LocalTransactionState.ROLLBACK.value:
             self.metrics.rollbacks.labels(topic).inc()
+            self._answered.rolled_back += 1
         logger.info("tx=%s topic=%s resolved by check-back: %s", txid, topic, result.state)
         return 1
 

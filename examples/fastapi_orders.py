@@ -1,5 +1,5 @@
 """An order service on FastAPI and SQLAlchemy (async): ``POST /orders`` stores the order and publishes it on the
-``orders`` topic in one transaction handle, so an order is published if and only if it is saved.
+``fastapi-orders`` topic in one transaction handle, so an order is published if and only if it is saved.
 
     pip install "redis-txmq[example]"
     python examples/fastapi_orders.py --redis-url redis://localhost:6379/0 --database-url sqlite+aiosqlite:///orders.db
@@ -14,21 +14,28 @@ commit) is published by the check-back, which this service answers from the tran
 (:class:`redis_txmq.sqlalchemy.TransactionLog`: one row written in each order's local transaction; a check that finds
 none once the transaction can no longer be running fences it, so a late commit fails instead of being lost).
 ``--role billing`` is the consuming side: it invoices each order once through the inbox
-(:class:`redis_txmq.sqlalchemy.Inbox`), however often the order is delivered. ``--console-traces`` prints the
-OpenTelemetry spans: the ``send orders`` span with the database work under it, the ``process orders`` span linked to it.
+(:class:`redis_txmq.sqlalchemy.Inbox`), however often the order is delivered; a message that is not an order (another
+writer's, a bad body) is dead-lettered and logged once, not retried. ``--console-traces`` prints the OpenTelemetry
+spans: the ``send fastapi-orders`` span with the database work under it, the ``process fastapi-orders`` span linked to
+it.
+
+Its names (topic ``fastapi-orders``, producer group ``fastapi-order-service``, consumer group ``fastapi-billing``) are
+its own: ``txmq demo`` (topic ``orders``) and the Django example (``django-orders``) can run on the same Redis without
+reading its messages or answering its check-backs from another database.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import String, event, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
@@ -38,11 +45,13 @@ from redis_txmq import ConsumedMessage, LocalTransactionState, Message, Settings
 from redis_txmq.asyncio import Consumer, TransactionProducer
 from redis_txmq.sqlalchemy import Inbox, TransactionLog
 
-TOPIC = "orders"
-PRODUCER_GROUP = "order-service"
-BILLING_GROUP = "billing"
+TOPIC = "fastapi-orders"
+PRODUCER_GROUP = "fastapi-order-service"
+BILLING_GROUP = "fastapi-billing"
 LOCAL_TRANSACTION_MAX_SECONDS = 30.0
 """Longer than any order's local transaction takes: a check-back waits this long before it gives one up."""
+
+logger = logging.getLogger("fastapi_orders")
 
 
 class Base(DeclarativeBase):
@@ -101,7 +110,7 @@ class OrderRefused(Exception):
 
 
 class OrderService:
-    """The database, and the producer whose transactions pair an order row with its ``orders`` message."""
+    """The database, and the producer whose transactions pair an order row with its ``fastapi-orders`` message."""
 
     def __init__(
         self,
@@ -170,18 +179,49 @@ class OrderService:
 
 class Billing:
     """The consuming side: invoices each published order, through the inbox, so that a redelivered order (the
-    consumer killed between its database commit and its ack) is invoiced once."""
+    consumer killed between its database commit and its ack) is invoiced once.
+
+    A message that is not an order can never be invoiced: raising would only have it delivered again, up to the
+    consumer's ``max_deliveries`` (16), a traceback each time, before the consumer dead-letters it. It is
+    dead-lettered at once instead, with why, and said once (``consumer.dead_letter``, as the consuming guide shows)."""
 
     def __init__(self, redis_url: str, database_url: str, **consumer_options: Any) -> None:
         self.engine = _engine(database_url)
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
         self.inbox = Inbox(Base.metadata)
-        self.handler = self.inbox.async_handler(self.sessions, self.invoice, consumer_group=BILLING_GROUP)
+        self.apply = self.inbox.async_handler(self.sessions, self.invoice, consumer_group=BILLING_GROUP)
         self.consumer = Consumer(TOPIC, BILLING_GROUP, redis_url=redis_url, **consumer_options)
 
+    async def handler(self, message: ConsumedMessage) -> None:
+        """What ``consumer.run`` calls: an order goes through the inbox; anything else to the dead letters."""
+        try:
+            OrderOut.model_validate_json(message.body)
+        except ValidationError as exc:
+            await self.refuse(message, _problems(exc))
+            return
+        await self.apply(message)
+
     async def invoice(self, session: Any, message: ConsumedMessage) -> None:
-        order = json.loads(message.body)
-        session.add(InvoiceRow(order_id=order["id"], amount=order["amount"]))
+        order = OrderOut.model_validate_json(message.body)
+        session.add(InvoiceRow(order_id=order.id, amount=order.amount))
+
+    async def refuse(self, message: ConsumedMessage, problem: str) -> None:
+        """Dead-letter a message that is not an order, and say so once; ``consumer.run`` then goes on."""
+        moved = await self.consumer.dead_letter(message, f"not an order: {problem}")
+        where = (
+            f"dead-lettered (`txmq status` counts it under consumer group {BILLING_GROUP}; "
+            "`consumer.dead_letters()` reads it): fix what published it, then place the order again"
+            if moved
+            else "already dead-lettered or acked by another consumer of the group"
+        )
+        logger.warning(
+            "topic=%s entry=%s tx=%s is not an order (%s); not invoiced, %s",
+            message.topic,
+            message.id,
+            message.transaction_id,
+            problem,
+            where,
+        )
 
     async def run(self, max_messages: int | None = None) -> int:
         """Invoice orders until stopped (or ``max_messages``); each is acked after its invoice committed."""
@@ -192,6 +232,13 @@ class Billing:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+
+def _problems(error: ValidationError) -> str:
+    """What is wrong with a body, on one line (``id: Field required; amount: ...``)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc']) or 'body'}: {problem['msg']}" for problem in error.errors()
+    )
 
 
 def _engine(database_url: str) -> AsyncEngine:
@@ -247,7 +294,7 @@ def create_app(redis_url: str, database_url: str, **options: Any) -> FastAPI:
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="An order service on FastAPI and SQLAlchemy: POST /orders saves an order and publishes it on "
-        "the orders topic, both or neither (--role billing invoices them)."
+        f"the {TOPIC} topic, both or neither (--role billing invoices them)."
     )
     parser.add_argument("--redis-url", default=os.environ.get("TXMQ_REDIS_URL", "redis://localhost:6379/0"))
     parser.add_argument("--database-url", default="sqlite+aiosqlite:///orders.db")
@@ -256,6 +303,7 @@ def main() -> None:
     parser.add_argument("--role", choices=["api", "billing"], default="api", help="serve orders, or invoice them")
     parser.add_argument("--console-traces", action="store_true", help="print OpenTelemetry spans (needs the SDK)")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.console_traces:
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider

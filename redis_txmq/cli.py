@@ -22,8 +22,9 @@ from urllib.parse import unquote, urlsplit
 
 import click
 import redis
+from click.core import ParameterSource
 from redis.exceptions import RedisClusterException
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.table import Table
 
 from . import __version__
@@ -35,7 +36,23 @@ from .core.errors import ConfigurationError, TxMQConnectionError, TxMQError
 from .core.groups import Backoff
 from .transport.connection import connect
 
-console = Console()
+UNCUT_WIDTH = 10_000
+"""The width of the output when it is no terminal: more than any table of the commands takes, so none is cut."""
+
+
+class FittedConsole(Console):
+    """Rich's console, as wide as the terminal when stdout is one (``COLUMNS``, else the terminal's own width, read at
+    each print); anywhere else (a pipe, a file, a CI log) as wide as what it prints, where rich would take 80 columns
+    and cut the tables' ids short."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        if self.is_terminal:
+            return Console(file=self.file).size
+        return ConsoleDimensions(UNCUT_WIDTH, super().size.height)
+
+
+console = FittedConsole()
 
 URL_HINT = "give --redis-url (or TXMQ_REDIS_URL) as redis://[[user]:password@]host:port/db, rediss://... or unix://path"
 SOURCE_CHECKOUT_HINT = (
@@ -74,7 +91,7 @@ class CommandUsageError(CommandError):
 
 
 class TxMQGroup(click.Group):
-    """The ``txmq`` group: turns every failure of a command into a :class:`CommandError`, in one place."""
+    """The ``txmq`` group: turns every failure of a command into a ``CommandError``, in one place."""
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
@@ -197,6 +214,8 @@ def _connect(redis_url: str, *, cluster: bool = False) -> Any:
     default="WARNING",
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    show_envvar=True,
+    help="Log records of this level and above go to stderr.",
 )
 def main(log_level: str) -> None:
     """redis-txmq: transactional messages on Redis Streams."""
@@ -221,7 +240,9 @@ def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
 
     import redis_txmq.spark
 
-    console.print("Spark reads the committed 'orders' stream (format redis-txmq, local[2]), this run's orders...")
+    from .ops.demo import TOPIC
+
+    console.print(f"Spark reads the committed '{TOPIC}' stream (format redis-txmq, local[2]), this run's orders...")
     already_running = SparkSession.getActiveSession() is not None  # the caller's session: not ours to stop
     # the JVM's own start-up lines (its module warnings, Spark's log level notice) go to a log file, not between the
     # tables: it inherits the standard error it is started with; and no progress bar
@@ -243,11 +264,11 @@ def _spark_read(redis_url: str, transaction_ids: list[str]) -> None:
     try:
         spark.sparkContext.setLogLevel("ERROR")
         redis_txmq.spark.register(spark)
-        orders = spark.read.format("redis-txmq").option("redis.url", redis_url).option("topics", "orders").load()
+        orders = spark.read.format("redis-txmq").option("redis.url", redis_url).option("topics", TOPIC).load()
         parsed = orders.where(F.col("transaction_id").isin(transaction_ids)).select(
             "id", "keys", F.get_json_object(F.col("body").cast("string"), "$.amount").alias("amount")
         )
-        table = Table(title="spark.read.format('redis-txmq') of 'orders'")
+        table = Table(title=f"spark.read.format('redis-txmq') of '{TOPIC}'")
         for column in ("entry id", "keys", "amount"):
             table.add_column(column)
         for row in parsed.orderBy("id").collect():
@@ -421,6 +442,11 @@ def checker(
 
     With --metrics-port: /metrics, /healthz for a liveness probe, /readyz for a readiness probe."""
     from redis_txmq.checker import Checker, CheckerMetrics
+    from redis_txmq.checker.worker import ROUND_LOGGER
+
+    if click.get_current_context().find_root().get_parameter_source("log_level") is ParameterSource.DEFAULT:
+        # without --log-level, one line per round that did something (INFO); an idle round says nothing
+        logging.getLogger(ROUND_LOGGER).setLevel(logging.INFO)
 
     settings = _settings(
         redis_url=redis_url,
@@ -503,7 +529,8 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
         replicas = ", ".join(server["replicas"]) or "none"
         servers.add_row(server["address"], server["server"], server["version"], server["role"], replicas)
     topics = Table(title="topics")
-    for column in ("topic", "committed", "in flight", "oldest in flight (s)", "dead letters"):
+    topics.add_column("topic", overflow="fold")  # names whole: folded in a narrow terminal, never cut
+    for column in ("committed", "in flight", "oldest in flight (s)", "dead letters"):
         topics.add_column(column)
     for t in report["topics"]:
         age = t["oldest_in_flight_age_seconds"]
@@ -516,7 +543,8 @@ def status(redis_url: str | None, cluster: bool | None, as_json: bool) -> None:
         )
     consumers = _consumer_groups_table(report["consumer_groups"])
     groups = Table(title="producer groups")
-    for column in ("producer group", "live instances", "pending check requests", "durability"):
+    groups.add_column("producer group", overflow="fold")
+    for column in ("live instances", "pending check requests", "durability"):
         groups.add_column(column)
     for g in report["producer_groups"]:
         groups.add_row(
@@ -550,8 +578,9 @@ def _consumer_groups_table(rows: list[dict[str, Any]]) -> Table:
     """Each consumer group of each topic (all partitions): not yet delivered, pending, the oldest pending's idle
     time, dead letters."""
     table = Table(title="consumer groups")
-    columns = ("topic", "consumer group", "consumers", "undelivered", "pending", "oldest pending (s)", "dead letters")
-    for column in columns:
+    for name in ("topic", "consumer group"):
+        table.add_column(name, overflow="fold")  # names whole: folded in a narrow terminal, never cut
+    for column in ("consumers", "undelivered", "pending", "oldest pending (s)", "dead letters"):
         table.add_column(column)
     for row in rows:
         undelivered, unknown = row["undelivered"], row["undelivered_unknown_partitions"]

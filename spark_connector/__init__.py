@@ -25,8 +25,8 @@ def register(spark: Any) -> None:
     """Register the ``redis-txmq`` format on a SparkSession.
 
     The source is planned and read in Spark's Python workers, which need pyarrow and redis-txmq. Without
-    ``PYSPARK_PYTHON`` Spark starts them with whatever ``python3`` is on PATH, so a plain script run with a
-    virtualenv's interpreter fails; see :func:`use_driver_python_for_local_workers`."""
+    ``PYSPARK_PYTHON`` Spark starts them with whatever ``python3`` is on PATH, so a plain script run with a virtualenv's
+    interpreter fails; see ``use_driver_python_for_local_workers``."""
     use_driver_python_for_local_workers(spark)
     spark.dataSource.register(RedisTxmqDataSource)
 

@@ -1,7 +1,8 @@
 """The options of the ``redis-txmq`` source, named as Spark users know them from the Kafka source.
 
-Parsed once on the driver into a picklable :class:`ConnectorOptions`; every refusal is a
-:class:`SparkSourceError` naming the option, and no error or ``repr`` carries a password.
+Parsed once on the driver into a picklable [`ConnectorOptions`][redis_txmq.spark.options.ConnectorOptions]; every
+refusal is a [`SparkSourceError`][redis_txmq.spark.options.SparkSourceError] naming the option, and no error or ``repr``
+carries a password.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class StreamRange(InputPartition):
 
     @staticmethod
     def of(partition: InputPartition) -> StreamRange | None:
-        """None for the empty partition Spark reads when :meth:`partitions` planned nothing."""
+        """None for the empty partition Spark reads when ``partitions`` planned nothing."""
         if partition is None or partition.value is None:
             return None
         topic, number, stream, start, end, first = partition.value
@@ -99,7 +99,7 @@ class StreamRange(InputPartition):
 
 class RedisTxmqDataSource(DataSource):
     """``spark.read.format("redis-txmq")`` / ``spark.readStream.format("redis-txmq")``, and the same for writing
-    (:mod:`redis_txmq.spark.writer`)."""
+    (``redis_txmq.spark.writer``)."""
 
     @classmethod
     def name(cls) -> str:
@@ -302,7 +302,7 @@ def _field(flat: pa.Array, codes: Any, row_of_pair: Any, code: int | None, count
 
 
 def _text(column: pa.Array) -> pa.Array:
-    """UTF-8 as is; a column with invalid bytes is decoded value by value, replacing them (as :func:`entries.text`)."""
+    """UTF-8 as is; a column with invalid bytes is decoded value by value, replacing them (as ``entries.text``)."""
     try:
         return column.cast(pa.string())
     except pa.ArrowInvalid:
@@ -426,7 +426,7 @@ def _check_data_loss(client: Any, options: ConnectorOptions, part: TopicPartitio
 @dataclass
 class _Segment:
     """The entries of the milliseconds ``low..high`` of a range: ``ids`` are the first of them and ``tail`` the
-    last (at most :data:`PROBE_ENTRIES` each); ``count`` is exact when they meet, else estimated."""
+    last (at most ``PROBE_ENTRIES`` each); ``count`` is exact when they meet, else estimated."""
 
     low: int
     high: int
@@ -452,7 +452,7 @@ def _span_density(ids: list[str]) -> float:
 
 
 def _probe(client: Any, stream: str, start: str, end: str, spans: list[tuple[int, int]]) -> list[_Segment]:
-    """The first and the last :data:`PROBE_ENTRIES` entries of each span (XRANGE and XREVRANGE with COUNT,
+    """The first and the last ``PROBE_ENTRIES`` entries of each span (XRANGE and XREVRANGE with COUNT,
     pipelined: one round trip, a fraction of a millisecond of Redis time each). When they overlap the count is
     exact; else the entries between are estimated from the two ends' densities over the milliseconds between
     them (the larger of the two: a segment overestimated is probed again in halves). The range's own bounds
@@ -493,10 +493,9 @@ def _estimate(
     client: Any, stream: str, start: str, end: str, low: int, spans: int, calls: int = PROBE_CALLS
 ) -> list[_Segment]:
     """The range's entries per millisecond segment: ``spans`` even segments, then the densest segments whose count
-    is only estimated are halved and probed again, round by round, up to :data:`PROBE_CALLS` probes. A burst
-    after a quiet hour is found (the quiet segments come back exact, the burst's are halved), which an id-time
-    density from the first id, the last id and the length alone would spread over the hour. ``calls`` bounds the
-    segments probed."""
+    is only estimated are halved and probed again, round by round, up to ``PROBE_CALLS`` probes. A burst after a quiet
+    hour is found (the quiet segments come back exact, the burst's are halved), which an id-time density from the first
+    id, the last id and the length alone would spread over the hour. ``calls`` bounds the segments probed."""
     high = parse_entry_id(end)[0]
     spans = max(1, min(spans, high - low + 1, calls))
     bounds = [low + (high - low + 1) * i // spans for i in range(spans + 1)]
@@ -545,10 +544,10 @@ def plan_ranges(
     of them, at least ``min_pieces`` when there are that many entries.
 
     Redis cannot count the entries between two ids without walking them, so the cuts come from a few probes
-    (:func:`_estimate`), starting at the stream's first entry: a range from ``0-0`` is not cut across the empty
-    decades before it. A range that one piece covers (by the stream's length, or by ``entry_count`` when the
-    caller counted it) costs no probe; cuts are entry ids or millisecond boundaries, so the ranges touch and no
-    entry is read twice or skipped, whatever the estimate's error."""
+    (``_estimate``), starting at the stream's first entry: a range from ``0-0`` is not cut across the empty decades
+    before it. A range that one piece covers (by the stream's length, or by ``entry_count`` when the caller counted it)
+    costs no probe; cuts are entry ids or millisecond boundaries, so the ranges touch and no entry is read twice or
+    skipped, whatever the estimate's error."""
     whole = StreamRange(part, start, end, first=True)
     info = _stream_info(client, part.stream)
     if info is None or not info.get("first-entry"):
@@ -694,7 +693,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self, heads: dict[tuple[str, str], tuple[str, str]], budget: int, end: dict[str, dict[str, str]]
     ) -> None:
         """Share ``budget`` entries between the partitions with new data, evenly, then hand out what is left. The
-        entries counted are kept for :meth:`partitions`, which then plans without probing."""
+        entries counted are kept for ``partitions``, which then plans without probing."""
         position = {key: begin for key, (begin, _) in heads.items()}
         counted_of = dict.fromkeys(heads, 0)
         pending = dict(heads)
@@ -714,7 +713,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._counted[(topic, partition, heads[(topic, partition)][0], reached)] = counted_of[(topic, partition)]
 
     def _advance_by(self, stream: str, begin: str, newest: str, asked: int) -> tuple[int, str]:
-        """Up to ``asked`` entries after ``begin``, a page of :data:`ADVANCE_PAGE` per script call, so that no call
+        """Up to ``asked`` entries after ``begin``, a page of ``ADVANCE_PAGE`` per script call, so that no call
         holds Redis for long; the pages need not be atomic together (``newest`` bounds them all)."""
         counted, reached = 0, begin
         while counted < asked:
@@ -728,8 +727,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return counted, reached
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        """Each partition's ``(start, end]`` cut into ranges of about :data:`STREAM_SPLIT_ENTRIES` entries, so that
-        a large micro-batch uses every core (the entries counted by :meth:`latestOffset`, else probed)."""
+        """Each partition's ``(start, end]`` cut into ranges of about ``STREAM_SPLIT_ENTRIES`` entries, so that
+        a large micro-batch uses every core (the entries counted by ``latestOffset``, else probed)."""
         ranges: list[InputPartition] = []
         client = self._redis()
         for topic, partitions in end.items():

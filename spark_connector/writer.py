@@ -1,15 +1,15 @@
 """``df.write.format("redis-txmq")`` and ``writeStream.format("redis-txmq")``: a job's rows published exactly once.
 
-Each task attempt writes its rows to stages of the job (:mod:`redis_txmq.jobs`): streams beside the topic streams,
+Each task attempt writes its rows to stages of the job (``redis_txmq.jobs``): streams beside the topic streams,
 invisible to consumers, each entry a MessagePack array of up to a hundred rows, written by pipelined XADD from Arrow
-batches; while it runs it renews the job's lease, so the checker leaves the job to its driver. The driver's
-``commit`` decides once for the stages of the attempts Spark committed and publishes them, checking that every row
-an attempt staged was published (else it raises: Spark fails the job); ``abort`` publishes a COMMIT that stands (a
-commit that raised after deciding) and otherwise rolls back; stages of failed or speculative attempts are deleted.
-A streaming micro-batch is a job keyed by the ``sinkId`` option and the batch id, whose decision also records the
-sink's last committed batch: a batch replayed after a restart publishes nothing new (and finishes the publishing of
-its decision that stands); an aborted undecided one deletes its stages and keeps its batch id free.
-Clients are made where they are used (writers are pickled to executors).
+batches; while it runs it renews the job's lease, so the checker leaves the job to its driver. The driver's ``commit``
+decides once for the stages of the attempts Spark committed and publishes them, checking that every row an attempt
+staged was published (else it raises: Spark fails the job); ``abort`` publishes a COMMIT that stands (a commit that
+raised after deciding) and otherwise rolls back; stages of failed or speculative attempts are deleted. A streaming
+micro-batch is a job keyed by the ``sinkId`` option and the batch id, whose decision also records the sink's last
+committed batch: a batch replayed after a restart publishes nothing new (and finishes the publishing of its decision
+that stands); an aborted undecided one deletes its stages and keeps its batch id free. Clients are made where they are
+used (writers are pickled to executors).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ class _Router:
 class _Lane:
     """The commands for one server, written on one connection of its pool in one write and the replies read back
     one by one (redis-py's pipeline spends more time per row than the server does), each batch followed by the
-    durability level's confirmation on the same connection: the wire's exchange (:func:`redis_txmq.sync.wire.exchange`),
+    durability level's confirmation on the same connection: the wire's exchange (``redis_txmq.sync.wire.exchange``),
     packed by hiredis. Not retried: a task that fails is retried by Spark, and its stage entries' counted ids make a
     repeated write a refusal, not a second copy."""
 
@@ -244,7 +244,7 @@ class _Lane:
 
 
 class _Sender:
-    """Sends XADD commands in batches and checks every reply: on one server in one :class:`_Lane`; on a cluster
+    """Sends XADD commands in batches and checks every reply: on one server in one ``_Lane``; on a cluster
     through redis-py's cluster pipeline, which routes each stage to its master (and follows MOVED and ASK), or, at a
     durability level, in a lane per master, where each master confirms the writes it took."""
 
@@ -336,9 +336,9 @@ def _encoder() -> Any:
 
 
 class _StageEntries:
-    """Rows gathered per stage and packed into stage entries (:data:`ROWS_PER_STAGE_ENTRY` rows, or fewer once
-    their bodies reach :data:`STAGE_ENTRY_BYTES`), queued on the sender, each with its counted id
-    (:func:`~redis_txmq.jobs.stages.stage_entry_id`: entry number, rows so far)."""
+    """Rows gathered per stage and packed into stage entries (``ROWS_PER_STAGE_ENTRY`` rows, or fewer once
+    their bodies reach ``STAGE_ENTRY_BYTES``), queued on the sender, each with its counted id (``stage_entry_id``: entry
+    number, rows so far)."""
 
     def __init__(self, sender: _Sender) -> None:
         self.sender = sender

@@ -4,6 +4,7 @@ dead-letter commands."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -156,10 +157,10 @@ def test_second_checker_on_a_taken_metrics_port(real_client, redis_url):
 # --------------------------------------------------------------------------------- dead list: whole ids, prefixes
 
 
-def dead_letter(redis_url: str, client: redis.Redis, topic: str, count: int) -> list[str]:
+def dead_letter(redis_url: str, client: redis.Redis, topic: str, count: int, group: str = "cli-group") -> list[str]:
     """``count`` transactions on ``topic`` whose producer never answers, dead-lettered after one check."""
     settings = Settings(transaction_timeout=0, check_interval=0.05, check_max=1, heartbeat_interval=0.5)
-    with TransactionProducer("cli-group", ScriptedListener(), redis_url=redis_url, settings=settings) as producer:
+    with TransactionProducer(group, ScriptedListener(), redis_url=redis_url, settings=settings) as producer:
         ids = [
             producer.send_message_in_transaction(Message(topic, b"lost"), LocalTransactionState.UNKNOWN).transaction_id
             for _ in range(count)
@@ -262,3 +263,75 @@ def test_status_shows_the_servers_replicas(redis_url):
         table = CliRunner().invoke(main, ["status", "--redis-url", redis_url])
         assert f"127.0.0.1:{replica_port}" in table.output
         master.close()
+
+
+# ------------------------------------------------------------------------- tables: the terminal's width, or whole
+
+LONG_TOPIC = "orders-of-the-shop-on-the-corner-of-the-street-" + "x" * 50
+LONG_GROUP = "the-order-service-of-the-shop-on-the-corner-" + "y" * 20
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_tables_are_whole_when_stdout_is_no_terminal(real_client, redis_url):
+    """Through a pipe (CliRunner's stdout, CI), rich would cut tables at 80 columns: ids and names are printed
+    whole, on one line, never shortened with an ellipsis."""
+    ids = dead_letter(redis_url, real_client, LONG_TOPIC, 2, group=LONG_GROUP)
+    status = CliRunner().invoke(main, ["status", "--redis-url", redis_url])
+    listed = CliRunner().invoke(main, ["dead", "list", "--redis-url", redis_url])
+    for result in (status, listed):
+        assert result.exit_code == 0, result.output
+        assert LONG_TOPIC in result.output and LONG_GROUP in result.output, result.output
+        assert "…" not in result.output, result.output
+    assert all(txid in listed.output for txid in ids), listed.output
+    assert max(len(line) for line in listed.output.splitlines()) > 80, "wider than rich's default for a pipe"
+
+
+def in_a_terminal(args: list[str], columns: int, timeout: float = 60) -> str:
+    """Run ``txmq ARGS`` with a pseudo-terminal as its stdout, ``COLUMNS`` set: what it printed, colours removed."""
+    import os
+    import pty
+    import select
+    import time
+
+    primary, secondary = pty.openpty()
+    txmq = str(Path(sys.executable).with_name("txmq"))
+    env = {**os.environ, "COLUMNS": str(columns)}
+    process = subprocess.Popen([txmq, *args], stdout=secondary, stderr=secondary, env=env)
+    os.close(secondary)
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([primary], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(primary, 65536)
+                except OSError:  # the other end closed: the process is done
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            elif process.poll() is not None:
+                break
+        assert process.wait(max(0.1, deadline - time.monotonic())) == 0, output.decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        os.close(primary)
+    return ANSI.sub("", output.decode()).replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize("columns", [200, 60])
+def test_tables_fit_the_terminal_when_there_is_one(real_client, redis_url, columns):
+    """In a terminal the tables are as wide as it is (COLUMNS here): none runs past its edge; at 200 columns the
+    status table has room for the whole names, and `txmq dead list` keeps whole ids whatever the width."""
+    ids = dead_letter(redis_url, real_client, LONG_TOPIC, 2, group=LONG_GROUP)
+    status = in_a_terminal(["status", "--redis-url", redis_url], columns)
+    listed = in_a_terminal(["dead", "list", "--redis-url", redis_url], columns)
+    assert max(len(line.rstrip()) for line in status.splitlines()) <= columns, status
+    assert "topics" in status and "producer groups" in status
+    assert not re.search(r"│ (orders|the-order)[^│]*…", status), "names folded, never cut short"
+    if columns >= 200:
+        assert LONG_TOPIC in status and LONG_GROUP in status, status
+        assert max(len(line.rstrip()) for line in listed.splitlines()) <= columns, listed
+    assert all(txid in listed for txid in ids), listed

@@ -8,6 +8,7 @@ import asyncio
 import collections
 import importlib.util
 import json
+import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -26,11 +27,11 @@ from redis_txmq.checker import Checker  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 from sqlalchemy.exc import IntegrityError  # noqa: E402
 
-from redis_txmq import LocalTransactionState, Message, Settings  # noqa: E402
+from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer  # noqa: E402
 from redis_txmq.asyncio import Consumer  # noqa: E402
 from redis_txmq.core.keys import TopicKeys  # noqa: E402
+from tests.helpers import pending  # noqa: E402
 
-KEYS = TopicKeys("orders")
 CHECK_NOW = Settings(transaction_timeout=0, check_interval=0.2, heartbeat_interval=0.2, claim_idle=1)
 """The checker's settings: a transaction in flight is due for its check-back at once."""
 
@@ -47,6 +48,7 @@ def load_example() -> ModuleType:
 
 
 example = load_example()
+KEYS = TopicKeys(example.TOPIC)
 
 
 @asynccontextmanager
@@ -81,10 +83,10 @@ async def checker_round_until(checker: Checker, condition: Callable[[], bool]) -
 
 
 async def consume(redis_url: str, expected: int) -> list[Any]:
-    """Read ``orders`` through a new consumer group until ``expected`` messages came, acking each; then nothing
-    more is there to read."""
+    """Read the example's topic through a new consumer group until ``expected`` messages came, acking each; then
+    nothing more is there to read."""
     received: list[Any] = []
-    async with Consumer("orders", "billing", redis_url=redis_url) as consumer:
+    async with Consumer(example.TOPIC, "audit", redis_url=redis_url) as consumer:
 
         async def read() -> None:
             while len(received) < expected:
@@ -173,7 +175,7 @@ def test_an_order_whose_end_call_was_lost_is_published_by_the_check_back(real_cl
             checker = Checker(real_client, CHECK_NOW)
             await checker_round_until(checker, lambda: real_client.hlen(KEYS.inflight) == 0)
             assert topic_transactions(real_client) == [transaction_id]
-            assert await service.check(Message("orders", b"", transaction_id=transaction_id)) is (
+            assert await service.check(Message(example.TOPIC, b"", transaction_id=transaction_id)) is (
                 LocalTransactionState.COMMIT
             )
             await asyncio.to_thread(checker.run_round)
@@ -193,7 +195,7 @@ def test_a_transaction_without_its_row_is_rolled_back_and_can_no_longer_commit(r
 
     async def scenario() -> None:
         async with serving(redis_url, tmp_path, local_transaction_max_seconds=0.5) as (service, _):
-            half_written, handle = asyncio.Event(), service.producer.transaction(Message("orders", b"{}"))
+            half_written, handle = asyncio.Event(), service.producer.transaction(Message(example.TOPIC, b"{}"))
 
             async def dies_before_the_insert() -> None:
                 async with handle:
@@ -213,11 +215,11 @@ def test_a_transaction_without_its_row_is_rolled_back_and_can_no_longer_commit(r
 
             with pytest.raises(IntegrityError):
                 async with service.sessions.begin() as session:
-                    await session.execute(service.log.record(handle.transaction_id, topic="orders"))
+                    await session.execute(service.log.record(handle.transaction_id, topic=example.TOPIC))
                     session.add(
                         example.OrderRow(order_id=8, transaction_id=handle.transaction_id, customer="x", amount=1)
                     )
-            ghost = Message("orders", b"", transaction_id=handle.transaction_id)
+            ghost = Message(example.TOPIC, b"", transaction_id=handle.transaction_id)
             assert await service.check(ghost) is LocalTransactionState.ROLLBACK, "asked again, the same answer"
 
     asyncio.run(scenario())
@@ -258,3 +260,59 @@ def test_billing_invoices_each_order_once_through_a_redelivery(real_client, redi
         assert sorted(invoices) == [1, 2, 3], "each order invoiced once"
 
     asyncio.run(scenario())
+
+
+NOT_ORDERS = [b"{not json", json.dumps({"order_id": 1, "amount": 25.0, "customer": "ada"}).encode()]
+"""A body that is not JSON, and one shaped as ``txmq demo`` writes its orders (``order_id``: no ``id``)."""
+
+
+def publish_raw(redis_url: str, bodies: list[bytes]) -> list[str]:
+    """Commit ``bodies`` on the example's topic as another writer would; their transaction ids."""
+    committed = []
+    with TransactionProducer(
+        "another-writer", checker=lambda message: LocalTransactionState.COMMIT, redis_url=redis_url
+    ) as producer:
+        for body in bodies:
+            with producer.transaction(Message(example.TOPIC, body)) as tx:
+                pass
+            committed.append(tx.transaction_id)
+    return committed
+
+
+def test_billing_dead_letters_what_is_not_an_order_says_so_once_and_goes_on(real_client, redis_url, tmp_path, caplog):
+    """Two messages billing cannot parse, then an order: each of the two is logged once (topic, entry id,
+    transaction id, what to do) and dead-lettered, never handed out again; the order behind them is invoiced."""
+    caplog.set_level(logging.INFO)
+    bad = publish_raw(redis_url, NOT_ORDERS)
+    entry_of = {
+        fields[b"transaction_id"].decode(): entry_id.decode()
+        for entry_id, fields in real_client.xrange(KEYS.topic_stream)
+    }
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'orders.db'}"
+
+    async def scenario() -> list[int]:
+        async with serving(redis_url, tmp_path) as (_, http):
+            response = await http.post("/orders", json={"id": 1, "customer": "ada", "amount": 25.0})
+            assert response.status_code == 201
+        billing = example.Billing(redis_url, database_url, block=0.05, min_idle_time=0.2)
+        try:
+            assert await asyncio.wait_for(billing.run(max_messages=3), 15) == 3
+            async with billing.sessions() as session:
+                return list((await session.execute(select(example.InvoiceRow.order_id))).scalars().all())
+        finally:
+            await billing.close()
+
+    assert asyncio.run(scenario()) == [1], "the order behind the two is invoiced"
+    said = [r for r in caplog.records if r.name == "fastapi_orders"]
+    assert [r.levelno for r in said] == [logging.WARNING] * 2, [r.getMessage() for r in said]
+    for record, transaction_id in zip(said, bad, strict=True):
+        line = record.getMessage()
+        assert f"topic={example.TOPIC} entry={entry_of[transaction_id]} tx={transaction_id}" in line
+        assert "is not an order" in line and "dead-lettered" in line and "place the order again" in line
+    assert "(body: Invalid JSON: " in said[0].getMessage()
+    assert "(id: Field required)" in said[1].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no handler failure, no traceback"
+    assert pending(real_client, KEYS.topic_stream, example.BILLING_GROUP) == 0, "nothing left to deliver again"
+    letters = real_client.xrange(KEYS.consumer_dead_stream(example.BILLING_GROUP))
+    assert [fields[b"transaction_id"].decode() for _, fields in letters] == bad
+    assert all(fields[b"dead_reason"].startswith(b"not an order: ") for _, fields in letters)

@@ -31,7 +31,7 @@ from redis_txmq.transport.embedded import free_port  # noqa: E402
 from .helpers import wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-KEYS = TopicKeys("orders")
+KEYS = TopicKeys("fastapi-orders")  # the example's topic (examples/fastapi_orders.py, TOPIC)
 GRACE_SECONDS = 30.0
 """Kubernetes' default ``terminationGracePeriodSeconds``."""
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
-"""The consumer's I/O shell: performs the effects of :class:`redis_txmq.core.consuming.ConsumerProtocol`'s steps.
+"""The consumer's I/O shell: performs the effects of ``redis_txmq.core.consuming.ConsumerProtocol``'s steps.
 
 The steps and their decisions (what is sent, how replies are read, retries, the error messages) are written once in
-:mod:`redis_txmq.core.consuming`; this module only performs them: the Redis calls, the pauses, the user's handler. The
+``redis_txmq.core.consuming``; this module only performs them: the Redis calls, the pauses, the user's handler. The
 asyncio consumer's module is the source, and the sync consumer's is generated from it by ``scripts/unasync.py``.
 """
 
@@ -56,10 +56,11 @@ class Consumer(ConsumerProtocol):
     or ``"$"``; a group that Redis lost (restart without persistence, failover to a lagging replica) is created
     again from ``start_id`` too.
 
-    The group is set up by :meth:`start` (``with`` calls it; the sync consumer's constructor too, so that a
-    consumer that cannot reach Redis is not made), which raises :class:`~redis_txmq.core.errors.TxMQConnectionError`
-    when Redis cannot be reached. Iteration and :meth:`run` ride out dropped connections and restarts, retrying
-    with backoff until :meth:`stop`; the other methods raise :class:`~redis_txmq.core.errors.TxMQConnectionError` when
+    The group is set up by [`start`][redis_txmq.asyncio.consumer.Consumer.start] (``with`` calls it; the sync consumer's
+    constructor too, so that a consumer that cannot reach Redis is not made), which raises
+    [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when Redis cannot be reached. Iteration and
+    [`run`][redis_txmq.asyncio.consumer.Consumer.run] ride out dropped connections and restarts, retrying with backoff
+    until ``stop``; the other methods raise [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when
     Redis fails. On asyncio, a call that is cancelled (``task.cancel()``, a timeout) leaves the consumer usable; a
     message read by a cancelled poll is re-delivered after ``min_idle_time``.
     """
@@ -121,7 +122,7 @@ class Consumer(ConsumerProtocol):
         """Read the topic's partitions, create the group on each where it is missing, load the scripts, take the
         lease and start its heartbeat; once.
 
-        Raises :class:`~redis_txmq.core.errors.TxMQConnectionError` when Redis cannot be reached."""
+        Raises [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when Redis cannot be reached."""
         if self._started:
             return self
         try:
@@ -144,14 +145,16 @@ class Consumer(ConsumerProtocol):
         """Up to ``batch_size`` messages: abandoned ones first, then new ones (waiting up to ``timeout``, ``block``
         when None).
 
-        Raises :class:`~redis_txmq.core.errors.TxMQConnectionError` when Redis cannot be reached (iteration and
-        :meth:`run` retry instead). A consumer group that Redis lost is created again from ``start_id``."""
+        Raises [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when Redis cannot be reached
+        (iteration and [`run`][redis_txmq.asyncio.consumer.Consumer.run] retry instead). A consumer group that Redis
+        lost is created again from ``start_id``."""
         return await self._drive(self._poll_steps(timeout))
 
     async def ack(self, message: ConsumedMessage) -> None:
         """Mark the message processed; an unacked message is re-delivered after ``min_idle_time``.
 
-        Raises :class:`~redis_txmq.core.errors.TxMQConnectionError` when Redis fails: the message stays pending."""
+        Raises [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when Redis fails: the message stays
+        pending."""
         await self._drive(self._ack_steps(message))
 
     async def dead_letter(self, message: ConsumedMessage, reason: str) -> bool:
@@ -169,8 +172,8 @@ class Consumer(ConsumerProtocol):
         await self._drive(self._delete_group_steps())
 
     async def __aiter__(self) -> AsyncIterator[ConsumedMessage]:
-        """Messages until :meth:`stop` or :meth:`close`; the caller acks each one. Once stopped, no further message
-        is given, and those read and not given yet are handed back.
+        """Messages until ``stop`` or [`close`][redis_txmq.asyncio.consumer.Consumer.close]; the caller acks each one.
+        Once stopped, no further message is given, and those read and not given yet are handed back.
 
         A dropped connection, a restart or a failover does not end the loop: it is logged and the read is retried
         with backoff (0.1 s doubling to 5 s)."""
@@ -198,9 +201,10 @@ class Consumer(ConsumerProtocol):
         consumer took over meanwhile is not handed to ``handler``. Lost connections are retried with backoff, as
         in iteration; so is the ack.
 
-        On asyncio, ``handler`` may be a coroutine function (awaited) or a plain function, which is called on the
-        event loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread``). The sync consumer takes
-        plain functions only (a coroutine function raises :class:`~redis_txmq.core.errors.ConfigurationError`)."""
+        On asyncio, ``handler`` may be a coroutine function (awaited) or a plain function, which is called on the event
+        loop: keep it quick, or hand blocking work to a thread (``asyncio.to_thread``). The sync consumer takes plain
+        functions only (a coroutine function raises
+        [`ConfigurationError`][redis_txmq.core.errors.ConfigurationError])."""
         async_refuse_coroutine_function(handler, f"{self._where}: run()")
         self._busy = True
         try:
@@ -212,8 +216,8 @@ class Consumer(ConsumerProtocol):
 
     async def close(self) -> None:
         """Stop, hand back what this consumer holds (another consumer takes it at once), and close the client if
-        this consumer made it (from ``redis_url``). While :meth:`run` is under way (or iteration is choosing its
-        next message), it does both once its message in hand is handled and acked."""
+        this consumer made it (from ``redis_url``). While [`run`][redis_txmq.asyncio.consumer.Consumer.run] is under way
+        (or iteration is choosing its next message), it does both once its message in hand is handled and acked."""
         self.stop()
         self._closed = True
         if not self._busy:

@@ -1,12 +1,11 @@
 """Concurrent script calls coalesced into one pipeline: what lets many sends in flight cost less than one each.
 
-Every call made while a pipeline is being sent (or in the same turn of the event loop) waits in the queue and goes
-out with the next one, up to ``max_batch`` calls: one write, one read, one connection checkout for all of them
-instead of one each. Each script is still atomic on its own (a plain pipeline, not MULTI), and each caller gets its
-own reply or its own error; a call whose arguments cannot be sent (a ``str`` UTF-8 cannot encode) is left out of
-the write and fails alone with :class:`~redis_txmq.core.batching.UnsendableCallError`, the others go through. A caller
-cancelled while its call is still queued takes it out: nothing is sent for it.
-Used on a standalone Redis only: redis-py's cluster pipelines refuse EVALSHA.
+Every call made while a pipeline is being sent (or in the same turn of the event loop) waits in the queue and goes out
+with the next one, up to ``max_batch`` calls: one write, one read, one connection checkout for all of them instead of
+one each. Each script is still atomic on its own (a plain pipeline, not MULTI), and each caller gets its own reply or
+its own error; a call whose arguments cannot be sent (a ``str`` UTF-8 cannot encode) is left out of the write and fails
+alone with ``UnsendableCallError``, the others go through. A caller cancelled while its call is still queued takes it
+out: nothing is sent for it. Used on a standalone Redis only: redis-py's cluster pipelines refuse EVALSHA.
 
 Prepares (``lua/prepare_half.lua``) and ends (``lua/end_transaction.lua``) of transactions in one pipeline with the
 same KEYS (one topic partition) and the same number of arguments go out as one call of ``lua/prepare_halves.lua`` /
@@ -25,12 +24,12 @@ took a third of an asyncio send's time. NOSCRIPT is answered by loading the scri
 and a connection error by one more attempt on a new socket (every script is idempotent, so nothing applies twice).
 Another client (a custom pool or connection class) goes through redis-py's pipeline.
 
-With a durability level the confirming ``WAIT`` / ``WAITAOF`` ends each batch, on the same connection: one wait
-confirms every call of the batch (:mod:`redis_txmq.core.durability`). When it falls short, or the batch had to be sent
-again, each caller whose script ran gets :class:`~redis_txmq.core.errors.DurabilityError` with its reply.
+With a durability level the confirming ``WAIT`` / ``WAITAOF`` ends each batch, on the same connection: one wait confirms
+every call of the batch (``redis_txmq.core.durability``). When it falls short, or the batch had to be sent again, each
+caller whose script ran gets [`DurabilityError`][redis_txmq.core.errors.DurabilityError] with its reply.
 
-Asyncio only, and not generated: the sync shell's twin is :class:`redis_txmq.transport.direct.ScriptRunner` (a
-connection per sending thread; threads do not share a pipeline). Both write through :mod:`redis_txmq.sync.wire`.
+Asyncio only, and not generated: the sync shell's twin is ``redis_txmq.transport.direct.ScriptRunner`` (a connection per
+sending thread; threads do not share a pipeline). Both write through ``redis_txmq.sync.wire``.
 """
 
 from __future__ import annotations
@@ -110,7 +109,7 @@ class ScriptLane:
                 await self._send(batch)
 
     def _coalesce(self, batch: list[_Call]) -> tuple[list[ScriptCall], list[Any] | None]:
-        """The calls to write for ``batch`` and what each carries (:func:`redis_txmq.core.batching.coalesce`), the
+        """The calls to write for ``batch`` and what each carries (``redis_txmq.core.batching.coalesce``), the
         prepares and the ends coalesced as the lane's flags say."""
         batched = {
             **(self._prepare_batches if self.coalesce_prepares else {}),
@@ -180,10 +179,10 @@ class ScriptLane:
 
 
 class AsyncScriptRunner:
-    """Calls redis-py ``AsyncScript`` objects one at a time (:meth:`run`) or many at once (:meth:`run_many`): the
-    asyncio twin of :class:`redis_txmq.transport.direct.ScriptRunner`, with the same replies and errors. On a standalone
-    Redis every call goes through a :class:`ScriptLane`, so calls made together share pipelines; on a cluster a
-    call goes to the master that owns its slot (with its confirmation, under a durability level)."""
+    """Calls redis-py ``AsyncScript`` objects one at a time (``run``) or many at once (``run_many``): the
+    asyncio twin of ``redis_txmq.transport.direct.ScriptRunner``, with the same replies and errors. On a standalone
+    Redis every call goes through a ``ScriptLane``, so calls made together share pipelines; on a cluster a call goes to
+    the master that owns its slot (with its confirmation, under a durability level)."""
 
     def __init__(self, client: Any, *, durability: Durability | None = None) -> None:
         self.client = client
@@ -191,7 +190,8 @@ class AsyncScriptRunner:
         self._lane = None if is_async_cluster(client) else ScriptLane(client, durability=durability)
 
     async def run(self, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """EVALSHA ``script``; returns the reply, raises ``redis.RedisError`` (or :class:`DurabilityError`)."""
+        """EVALSHA ``script``; returns the reply, raises ``redis.RedisError`` (or
+        [`DurabilityError`][redis_txmq.core.errors.DurabilityError])."""
         with connection_errors():
             if self._lane is not None:
                 return await self._lane.call(script, keys, args)
@@ -206,7 +206,8 @@ class AsyncScriptRunner:
         """Every call at once (a lane sends them in one pipeline; each script is atomic on its own). Returns one reply
         per call, in order, a refused call's ``redis.ResponseError`` in its place (on a cluster, a call whose master
         failed has its error in its place too: the others went on); a connection error of the lane is raised, and a
-        confirmation that fell short raises :class:`DurabilityError` carrying every reply."""
+        confirmation that fell short raises [`DurabilityError`][redis_txmq.core.errors.DurabilityError] carrying every
+        reply."""
         outcomes = await asyncio.gather(*(self.run(*call) for call in calls), return_exceptions=True)
         replies: list[Any] = []
         unconfirmed: DurabilityError | None = None

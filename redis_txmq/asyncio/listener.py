@@ -17,7 +17,8 @@ from ..core.message import LocalTransactionState, Message
 
 class TransactionListener(abc.ABC):
     """The user's side of a transaction, as coroutines. The asyncio producer also takes a sync
-    :class:`redis_txmq.TransactionListener`: its methods then run in a thread, never blocking the loop."""
+    [`redis_txmq.TransactionListener`][redis_txmq.core.listener.TransactionListener]: its methods then run in a thread,
+    never blocking the loop."""
 
     @abc.abstractmethod
     async def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:

@@ -53,11 +53,13 @@ class AsyncTransactionSender(Protocol):
 
 
 class AsyncTransaction(HandleState):
-    """One transaction. Entering the block writes the half message (:class:`PrepareError` if it cannot: the block
-    does not run); leaving it commits, or rolls back when it raised, or leaves the transaction in flight for the
-    check-back when it was interrupted (``KeyboardInterrupt``; on asyncio, cancelled: ``CancelledError``, an expired
-    ``asyncio.timeout``). :meth:`commit` / :meth:`rollback` end it early; :attr:`result` is the send result once
-    ended (on asyncio, cancelled during the end call, it says so)."""
+    """One transaction. Entering the block writes the half message
+    ([`PrepareError`][redis_txmq.core.errors.PrepareError] if it cannot: the block does not run); leaving it commits, or
+    rolls back when it raised, or leaves the transaction in flight for the check-back when it was interrupted
+    (``KeyboardInterrupt``; on asyncio, cancelled: ``CancelledError``, an expired ``asyncio.timeout``).
+    [`commit`][redis_txmq.asyncio.transaction.AsyncTransaction.commit] /
+    [`rollback`][redis_txmq.asyncio.transaction.AsyncTransaction.rollback] end it early; ``result`` is the send result
+    once ended (on asyncio, cancelled during the end call, it says so)."""
 
     def __init__(self, producer: AsyncTransactionSender, message: Message) -> None:
         super().__init__(message)
@@ -79,7 +81,7 @@ class AsyncTransaction(HandleState):
 
     async def _settle(self, state: LocalTransactionState, remark: str | None) -> None:
         """End with ``state``, corrected by where the transaction's log row stands; while it waits in an outer
-        database transaction, the COMMIT waits for that transaction's commit (:mod:`redis_txmq.core.log_rows`)."""
+        database transaction, the COMMIT waits for that transaction's commit (``redis_txmq.core.log_rows``)."""
         tx = self.in_flight
         settled = settle(tx.transaction_id, tx.message.topic, state, remark, self)
         if not settled.waiting:
@@ -117,11 +119,11 @@ class AsyncTransaction(HandleState):
 
 class AsyncTransactionOfMany(ManyHandleState):
     """A transaction of several messages (``producer.transaction()`` without a message). Entering the block writes
-    nothing; each :meth:`send` writes one half message (:class:`PrepareError` if it cannot: that message is never
-    published, whatever the transaction decides; the block decides what then). Leaving the block decides as
-    :class:`AsyncTransaction` does, writes the decision once and ends every message with it; :attr:`results` holds
-    one send result per message whose send returned. Interrupted (cancelled), it stays in flight for the
-    check-back."""
+    nothing; each ``send`` writes one half message ([`PrepareError`][redis_txmq.core.errors.PrepareError] if it cannot:
+    that message is never published, whatever the transaction decides; the block decides what then). Leaving the block
+    decides as [`AsyncTransaction`][redis_txmq.asyncio.transaction.AsyncTransaction] does, writes the decision once and
+    ends every message with it; ``results`` holds one send result per message whose send returned. Interrupted
+    (cancelled), it stays in flight for the check-back."""
 
     def __init__(self, producer: AsyncTransactionSender) -> None:
         super().__init__(producer.producer_group, producer.settings.max_transaction_messages)
@@ -140,7 +142,7 @@ class AsyncTransactionOfMany(ManyHandleState):
 
     async def settle(self, state: LocalTransactionState, remark: str | None) -> None:
         """End with ``state``, or, while the transaction's log row waits in an outer database transaction, when
-        that transaction commits (:mod:`redis_txmq.core.log_rows`)."""
+        that transaction commits (``redis_txmq.core.log_rows``)."""
         topic = self.state.parts[0].message.topic if self.state.parts else ""
         settled = settle(self.state.transaction_id, topic, state, remark, self)
         if not settled.waiting:

@@ -1,18 +1,18 @@
 """Prepares, or ends, of one topic partition written together go as one call of their batch script.
 
-Whatever writes several script calls at once — the asyncio lane (``redis_txmq/asyncio/lane.py``) and the sync
-runner's pipelines (:class:`redis_txmq.transport.direct.ScriptRunner`: a one-way producer's flusher, a checker's batch
-of answers, the messages of a transaction of several) — hands its calls to :func:`coalesce`: the ``prepare_half`` /
-``end_transaction`` calls that share KEYS (one topic partition) and their number of arguments become
-``prepare_halves`` / ``end_transactions`` calls (``lua/``), which apply the same rules to each in turn, one reply
-each, and read and write the indexes once for all of them. :func:`spread` gives every call its own reply back. One
-script invocation per batch instead of one per call is what the server saves; every prepare and every end is
-idempotent, so a repeat of the batch (a connection error, NOSCRIPT) applies none twice.
+Whatever writes several script calls at once — the asyncio lane (``redis_txmq/asyncio/lane.py``) and the sync runner's
+pipelines (``redis_txmq.transport.direct.ScriptRunner``: a one-way producer's flusher, a checker's batch of answers, the
+messages of a transaction of several) — hands its calls to ``coalesce``: the ``prepare_half`` / ``end_transaction``
+calls that share KEYS (one topic partition) and their number of arguments become ``prepare_halves`` /
+``end_transactions`` calls (``lua/``), which apply the same rules to each in turn, one reply each, and read and write
+the indexes once for all of them. ``spread`` gives every call its own reply back. One script invocation per batch
+instead of one per call is what the server saves; every prepare and every end is idempotent, so a repeat of the batch (a
+connection error, NOSCRIPT) applies none twice.
 
-A call whose arguments cannot be sent (a ``str`` UTF-8 cannot encode, such as a lone surrogate, or a value of a
-type Redis has no form for) fails alone with :class:`UnsendableCallError`: :func:`coalesce` never packs it into a
-batch call with others, and the wire (:func:`redis_txmq.sync.wire.exchange`) leaves it out of the write, its error in
-its reply's place. The other calls of the same write go through.
+A call whose arguments cannot be sent (a ``str`` UTF-8 cannot encode, such as a lone surrogate, or a value of a type
+Redis has no form for) fails alone with ``UnsendableCallError``: ``coalesce`` never packs it into a batch call with
+others, and the wire (``redis_txmq.sync.wire.exchange``) leaves it out of the write, its error in its reply's place. The
+other calls of the same write go through.
 """
 
 from __future__ import annotations
@@ -104,9 +104,9 @@ def batch_scripts(client: Any, *, prepares: bool = True, ends: bool = True) -> d
 
 def coalesce(calls: Sequence[ScriptCall], batched: Mapping[str, Any]) -> tuple[list[ScriptCall], list[Span] | None]:
     """The calls to write for ``calls`` and what each carries (None: each one call as given): the calls of a
-    script of ``batched`` (its digest -> its batch script) that share KEYS and their number of arguments become
-    calls of the batch script, up to :data:`MAX_PER_BATCH_CALL` each, at the place of the first of them; the rest go
-    as they are, among them any call that cannot be sent (:func:`unsendable`), which the wire refuses alone."""
+    script of ``batched`` (its digest -> its batch script) that share KEYS and their number of arguments become calls of
+    the batch script, up to ``MAX_PER_BATCH_CALL`` each, at the place of the first of them; the rest go as they are,
+    among them any call that cannot be sent (``unsendable``), which the wire refuses alone."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     if batched:
         for i, (script, keys, args) in enumerate(calls):
@@ -144,7 +144,7 @@ def coalesce(calls: Sequence[ScriptCall], batched: Mapping[str, Any]) -> tuple[l
 
 
 def spread(wire_replies: Sequence[Any], spans: Sequence[Span], count: int) -> list[Any]:
-    """One reply per call given to :func:`coalesce`, from the replies of the calls written: a ``prepare_halves`` or
+    """One reply per call given to ``coalesce``, from the replies of the calls written: a ``prepare_halves`` or
     ``end_transactions`` call's list gives each prepare or end its own reply (or its own error); an error of the
     whole call (refused before it ran, e.g. out of memory) is each of its calls' error."""
     replies: list[Any] = [None] * count

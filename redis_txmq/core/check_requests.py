@@ -85,7 +85,8 @@ class CheckRequest:
 
     @classmethod
     def parse(cls, producer_group: str, request_id: str, raw: Any) -> CheckRequest:
-        """Raises :class:`CorruptEntryError` for a request this library did not write."""
+        """Raises [`CorruptEntryError`][redis_txmq.core.errors.CorruptEntryError] for a request this library did not
+        write."""
         fields = entries.field_map(raw)
         where = f"group {producer_group!r}, check request {request_id}"
         message = entries.message_from_fields(fields, where)

@@ -1,6 +1,6 @@
 """What the core knows of redis-py's clients and errors without making or using one: which errors a call can
-raise and which of them are a lost connection, whether a client is a cluster's, how long it waits for a reply, how a
-URL is shown, how an instance is named. Making a client is :mod:`redis_txmq.transport.connection`'s."""
+raise and which of them are a lost connection, whether a client is a cluster's, how long it waits for a reply, how a URL
+is shown, how an instance is named. Making a client is ``redis_txmq.transport.connection``'s."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, TryAgainError
 
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
-"""The schemes of a URL of Redis behind Sentinel (:mod:`redis_txmq.transport.sentinel`) -> TLS."""
+"""The schemes of a URL of Redis behind Sentinel (``redis_txmq.transport.sentinel``) -> TLS."""
 
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
 """What a call to Redis can raise: redis-py's cluster errors (``SlotNotCoveredError``...) are not ``RedisError``."""
@@ -49,7 +49,7 @@ def connection_error_of(exc: BaseException) -> redis.ConnectionError | None:
 
 @contextlib.contextmanager
 def connection_errors() -> Iterator[None]:
-    """Around a Redis call: :func:`connection_error_of` applied to what it raises."""
+    """Around a Redis call: ``connection_error_of`` applied to what it raises."""
     try:
         yield
     except (AttributeError, TypeError) as exc:

@@ -43,10 +43,10 @@ class Settings:
     A transaction of several messages (``tx.send``, ``send_messages_in_transaction``) holds at most
     ``max_transaction_messages`` of them.
 
-    A write job (the Spark writer, :mod:`redis_txmq.jobs`) is its driver's while its lease holds: the task attempts
-    that write for it renew it as they run, and the checker settles an undecided job only once ``job_lease`` seconds
-    passed without a renewal (its driver died). It must outlast the longest time a job runs no writing task (the
-    gap between its tasks and the driver's commit, a wait for executors); independent of ``max_age``.
+    A write job (the Spark writer, ``redis_txmq.jobs``) is its driver's while its lease holds: the task attempts that
+    write for it renew it as they run, and the checker settles an undecided job only once ``job_lease`` seconds passed
+    without a renewal (its driver died). It must outlast the longest time a job runs no writing task (the gap between
+    its tasks and the driver's commit, a wait for executors); independent of ``max_age``.
 
     Lifetimes (seconds; each None by default, meaning ``max_age`` plus ``dedupe_window``, as long as a half message
     may be in flight and an end be repeated after it): ``transaction_record_lifetime`` keeps the record of a
@@ -57,13 +57,13 @@ class Settings:
     ``stage_lifetime`` keeps a write job's stages and their list, and must not be longer than
     ``job_decision_lifetime`` (a decision outlives the stages it names).
 
-    ``redis_url`` left out reads ``TXMQ_REDIS_URL`` (the default when it is unset or empty), as the CLI does: a
-    service that tunes its settings in code and names its server in the environment must not go to
-    ``localhost:6379``. The other ``TXMQ_*`` variables apply only through :meth:`from_env`.
+    ``redis_url`` left out reads ``TXMQ_REDIS_URL`` (the default when it is unset or empty), as the CLI does: a service
+    that tunes its settings in code and names its server in the environment must not go to ``localhost:6379``. The other
+    ``TXMQ_*`` variables apply only through [`from_env`][redis_txmq.core.config.Settings.from_env].
 
-    Durability (:mod:`redis_txmq.core.durability`): ``master`` acknowledges a prepare or an end once the master applied
-    it; ``replica`` once ``durability_replicas`` replicas have it; ``aof`` once the master fsynced it to its
-    append-only file; each waits at most ``durability_timeout`` seconds.
+    Durability (``redis_txmq.core.durability``): ``master`` acknowledges a prepare or an end once the master applied it;
+    ``replica`` once ``durability_replicas`` replicas have it; ``aof`` once the master fsynced it to its append-only
+    file; each waits at most ``durability_timeout`` seconds.
     """
 
     redis_url: str = field(default_factory=lambda: os.environ.get(REDIS_URL_VARIABLE) or DEFAULT_REDIS_URL)

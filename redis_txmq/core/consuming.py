@@ -1,13 +1,14 @@
 """The consumer without I/O: what it sends to Redis, how it reads the replies, and what it decides.
 
-:class:`ConsumerProtocol` holds a consumer's settings and state (its partitions, claim cursors, whose turn it is to
-be read, the batch in hand) and writes each operation as a generator of *effects*: a :class:`Command` for Redis, a
-:class:`Pause` before a retry, a :class:`Handle` of a message by the user's handler, a :class:`Heartbeat` started or
-stopped. The outcome of each effect is sent back into the generator (or, when it failed, thrown into it), so the
-decisions — claim before read, the lease on what the consumer holds, the delivery limit, NOGROUP recovery, backoff,
-error messages — are written once. :class:`redis_txmq.Consumer` performs the effects with blocking calls (its
-heartbeat on a thread), :class:`redis_txmq.asyncio.Consumer` with ``await`` (its heartbeat a task); that is all they
-do: both subclass :class:`ConsumerProtocol`, which also holds the constructor, its validation and the error messages.
+``ConsumerProtocol`` holds a consumer's settings and state (its partitions, claim cursors, whose turn it is to be read,
+the batch in hand) and writes each operation as a generator of *effects*: a ``Command`` for Redis, a ``Pause`` before a
+retry, a ``Handle`` of a message by the user's handler, a ``Heartbeat`` started or stopped. The outcome of each effect
+is sent back into the generator (or, when it failed, thrown into it), so the decisions — claim before read, the lease on
+what the consumer holds, the delivery limit, NOGROUP recovery, backoff, error messages — are written once.
+[`redis_txmq.Consumer`][redis_txmq.sync.consumer.Consumer] performs the effects with blocking calls (its heartbeat on a
+thread), [`redis_txmq.asyncio.Consumer`][redis_txmq.asyncio.consumer.Consumer] with ``await`` (its heartbeat a task);
+that is all they do: both subclass ``ConsumerProtocol``, which also holds the constructor, its validation and the error
+messages.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from .topics import count_of, partition_keys_of
 T = TypeVar("T")
 
 SETUP_ERRORS: tuple[type[Exception], ...] = (TxMQConnectionError, *REDIS_ERRORS)
-"""What setting up a consumer can raise, wrapped by :meth:`ConsumerProtocol._setup_error`."""
+"""What setting up a consumer can raise, wrapped by ``ConsumerProtocol._setup_error``."""
 RETRY_FIRST_DELAY = 0.1
 RETRY_MAX_DELAY = 5.0
 CLAIM = "consumer_claim"
@@ -66,13 +67,13 @@ HEARTBEAT_STOP_WAIT = 2.0
 
 READ_GROUP = "read_group"
 CALLS_WITH_CLIENT: Mapping[str, Callable[..., Any]] = {READ_GROUP: read_group}
-"""Calls that are functions of the client rather than its methods: :func:`~redis_txmq.core.groups.read_group` sends
+"""Calls that are functions of the client rather than its methods: ``read_group`` sends
 XREADGROUP to the master of the stream on a cluster."""
 
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One Redis call: a method of the client (``eval``, ``xack``...), one of :data:`CALLS_WITH_CLIENT`, or one of
+    """One Redis call: a method of the client (``eval``, ``xack``...), one of ``CALLS_WITH_CLIENT``, or one of
     the consumer's scripts."""
 
     name: str
@@ -188,8 +189,9 @@ class Backoff:
 
 class ConsumerProtocol:
     """A consumer's settings, its state (partitions, claim cursors, whose turn it is) and its steps, without I/O:
-    the constructor validates the options and resolves the client, the ``*_steps`` generators decide. What the
-    options mean is :class:`redis_txmq.Consumer`'s docstring; the two consumers subclass this one."""
+    the constructor validates the options and resolves the client, the ``*_steps`` generators decide. What the options
+    mean is [`redis_txmq.Consumer`][redis_txmq.sync.consumer.Consumer]'s docstring; the two consumers subclass this
+    one."""
 
     _logger: ClassVar[logging.Logger]
     _asyncio: ClassVar[bool]

@@ -10,10 +10,10 @@ what a prepare or an end waits for, in the same round trip as the script, on the
 - ``aof``: ``WAITAOF 1 0 <timeout>``: the master fsynced it to its append-only file (Redis >= 7.2 or Valkey, with
   ``appendonly yes``); survives a crash and restart of the master, not its loss.
 
-A prepare that is not confirmed in time raises :class:`~redis_txmq.core.errors.PrepareError` (the local transaction does
-not run); an end that is not confirmed is the send's end error, and the check-back settles the transaction (the
-half message, confirmed at prepare, is still in flight wherever the end was lost). What is sent and how the reply
-is read lives here, once, for the sync and the asyncio I/O shells."""
+A prepare that is not confirmed in time raises [`PrepareError`][redis_txmq.core.errors.PrepareError] (the local
+transaction does not run); an end that is not confirmed is the send's end error, and the check-back settles the
+transaction (the half message, confirmed at prepare, is still in flight wherever the end was lost). What is sent and how
+the reply is read lives here, once, for the sync and the asyncio I/O shells."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ class Durability:
 
     @classmethod
     def of(cls, level: str, replicas: int = 1, timeout: float = 1.0) -> Durability | None:
-        """None for ``master`` (nothing to wait for); raises :class:`ConfigurationError` for a bad setting."""
+        """None for ``master`` (nothing to wait for); raises
+        [`ConfigurationError`][redis_txmq.core.errors.ConfigurationError] for a bad setting."""
         if level not in LEVELS:
             raise ConfigurationError(f"durability must be one of {', '.join(LEVELS)}, got {level!r}")
         if level == "master":
@@ -61,7 +62,7 @@ class Durability:
         return ("WAITAOF", 1, 0, milliseconds)
 
     def confirmed(self, reply: Any) -> bool:
-        """Whether the reply of :attr:`command` says the writes are as durable as asked."""
+        """Whether the reply of ``command`` says the writes are as durable as asked."""
         if isinstance(reply, Exception):
             return False
         if self.level == "replica":
@@ -79,7 +80,7 @@ class Durability:
         return f"the master did not fsync its append-only file within {self.timeout:g} s"
 
     def error(self, confirmation: Any, replies: list[Any] | None = None) -> DurabilityError:
-        """The error of writes whose confirmation (the reply of :attr:`command`; None when none could be had)
+        """The error of writes whose confirmation (the reply of ``command``; None when none could be had)
         fell short, carrying the scripts' ``replies``."""
         return DurabilityError(
             f"not confirmed as durable ({self.level}): {self.shortfall(confirmation)}", replies=replies
@@ -112,9 +113,9 @@ def has_waitaof(info: dict[str, Any]) -> bool:
 
 
 def check_server(durability: Durability, address: str, info: dict[str, Any]) -> None:
-    """Raise :class:`ConfigurationError` when the server at ``address`` (its INFO server, replication and
-    persistence sections; empty when INFO is refused) cannot give the level; log when it has fewer replicas
-    connected than the level asks (prepares fail until they are back)."""
+    """Raise [`ConfigurationError`][redis_txmq.core.errors.ConfigurationError] when the server at ``address`` (its INFO
+    server, replication and persistence sections; empty when INFO is refused) cannot give the level; log when it has
+    fewer replicas connected than the level asks (prepares fail until they are back)."""
     if not info:
         logger.warning("durability %s: %s refuses INFO, the level could not be checked", durability.level, address)
         return
@@ -132,11 +133,11 @@ def check_server(durability: Durability, address: str, info: dict[str, Any]) -> 
 
 
 def check_servers(durability: Durability, answers: Iterable[tuple[str, dict[str, Any] | Exception]]) -> None:
-    """:func:`check_server` on each server that answered: ``(address, its INFO)``, or ``(address, the error)`` for
-    one that could not be reached. An unreachable server (a cluster master that is down) is skipped with a
-    warning, so one master down does not stop a producer or a checker from starting and serving the others: the
-    level is still enforced on every call (its ``WAIT`` or ``WAITAOF``), on that master too once it is back. Raises
-    :class:`~redis_txmq.core.errors.TxMQConnectionError` when no server answered."""
+    """``check_server`` on each server that answered: ``(address, its INFO)``, or ``(address, the error)`` for
+    one that could not be reached. An unreachable server (a cluster master that is down) is skipped with a warning, so
+    one master down does not stop a producer or a checker from starting and serving the others: the level is still
+    enforced on every call (its ``WAIT`` or ``WAITAOF``), on that master too once it is back. Raises
+    [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when no server answered."""
     answers = list(answers)
     unreachable = [(address, answer) for address, answer in answers if isinstance(answer, Exception)]
     if unreachable and len(unreachable) == len(answers):

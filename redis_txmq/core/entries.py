@@ -87,7 +87,8 @@ def field_map(raw: dict[Any, Any] | list[Any]) -> dict[str, bytes]:
 
 
 def message_from_fields(fields: dict[str, bytes], where: str) -> Message:
-    """The :class:`Message` stored in a half message, check request or dead letter (not re-validated)."""
+    """The [`Message`][redis_txmq.core.message.Message] stored in a half message, check request or dead letter (not
+    re-validated)."""
     missing = [name for name in (TOPIC, BODY, TRANSACTION_ID) if name not in fields]
     if missing:
         raise CorruptEntryError(f"{where}: missing field(s) {', '.join(missing)}")
@@ -149,7 +150,8 @@ def decode_topic_entry(
     delivery_count: int = 1,
     partition: int = 0,
 ) -> ConsumedMessage:
-    """A topic stream entry as a :class:`ConsumedMessage`; :class:`CorruptEntryError` if it has no body."""
+    """A topic stream entry as a [`ConsumedMessage`][redis_txmq.core.entries.ConsumedMessage];
+    [`CorruptEntryError`][redis_txmq.core.errors.CorruptEntryError] if it has no body."""
     eid = text(entry_id) or ""
     values = field_map(raw)
     if BODY not in values:

@@ -1,7 +1,7 @@
-"""One exception hierarchy: every error this library raises is a :class:`TxMQError`.
+"""One exception hierarchy: every error this library raises is a [`TxMQError`][redis_txmq.core.errors.TxMQError].
 
-Messages name the topic and transaction id where there is one, and say what to do next.
-Validation errors also derive from :class:`ValueError` so generic callers can catch them.
+Messages name the topic and transaction id where there is one, and say what to do next. Validation errors also derive
+from ``ValueError`` so generic callers can catch them.
 """
 
 from __future__ import annotations

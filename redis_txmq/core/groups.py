@@ -24,7 +24,7 @@ CURSOR_START = "0-0"
 def is_missing_group(exc: BaseException) -> bool:
     """True for the NOGROUP error a read or claim gets when the stream or its consumer group is gone (Redis lost its
     data: a restart without persistence, a failover to a replica that lagged, a FLUSHALL): the caller recreates the
-    group with :func:`ensure_consumer_group` and goes on."""
+    group with ``ensure_consumer_group`` and goes on."""
     if not isinstance(exc, redis.ResponseError):
         return False
     message = str(exc)
@@ -104,8 +104,8 @@ class Backoff:
 
 class TakeoverWalk:
     """When a walk of a group's pending list is due, and where it stands (the bookkeeping of
-    :class:`PendingTakeover` and its asyncio twin): XAUTOCLAIM walks the list with a cursor, a batch per call; once a
-    walk ends, the next starts ``claim_idle / 2`` seconds later, so a live group pays about nothing for it."""
+    ``PendingTakeover`` and its asyncio twin): XAUTOCLAIM walks the list with a cursor, a batch per call; once a walk
+    ends, the next starts ``claim_idle / 2`` seconds later, so a live group pays about nothing for it."""
 
     def __init__(self, stream: str, group: str, consumer: str, claim_idle: float) -> None:
         self.stream = stream

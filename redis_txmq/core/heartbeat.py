@@ -13,8 +13,7 @@ from .scripts import register_script
 class Heartbeat:
     """Registers an instance as live in a zset, on the server's clock, with the durability level it writes with
     (``lua/heartbeat.lua``; ``txmq status`` counts the live instances per level) and, given ``layouts_key``, the key
-    layout version it writes (:mod:`redis_txmq.core.layout`: a checker tells an older producer by its missing
-    record)."""
+    layout version it writes (``redis_txmq.core.layout``: a checker tells an older producer by its missing record)."""
 
     def __init__(
         self,
@@ -39,7 +38,7 @@ class Heartbeat:
 
     @classmethod
     def of_producer(cls, client: Any, keys: GroupKeys, instance_id: str, settings: Settings) -> Heartbeat:
-        """A producer instance's, in its group's zset, level hash and layouts hash (with :data:`LAYOUT_VERSION`)."""
+        """A producer instance's, in its group's zset, level hash and layouts hash (with ``LAYOUT_VERSION``)."""
         interval, level = settings.heartbeat_interval, settings.durability
         return cls(client, keys.producers, keys.durability_levels, instance_id, interval, level, keys.layouts)
 

@@ -49,8 +49,8 @@ key                                   type    holds
                                               its lease's end, its decision's time + transaction_timeout; +inf: parked)
 ====================================  ======  ==========================================================
 
-The Lua scripts that change a transaction receive :meth:`TopicKeys.script_keys` as KEYS, in that
-order; ``lua/topic_keys.lua`` binds them to names.
+The Lua scripts that change a transaction receive ``TopicKeys.script_keys`` as KEYS, in that order;
+``lua/topic_keys.lua`` binds them to names.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def topic_stream_key(topic: str, partition: int = 0, partitioned: bool = False) 
 
 @dataclass(frozen=True)
 class TopicKeys:
-    """The keys of one topic partition; all in the hash slot of :attr:`topic_stream`."""
+    """The keys of one topic partition; all in the hash slot of ``topic_stream``."""
 
     topic: str
     partition: int = 0
@@ -175,7 +175,7 @@ class TopicKeys:
         return self._script_keys
 
     def scheduled_script_keys(self) -> list[str]:
-        """:meth:`script_keys` and :data:`SCHEDULE` (``KEYS[14]``), for the scripts that wake the topic in the
+        """``script_keys`` and ``SCHEDULE`` (``KEYS[14]``), for the scripts that wake the topic in the
         checkers' schedule, on a server where one call may touch both (not Cluster: another hash slot)."""
         return self._scheduled_script_keys
 
@@ -218,7 +218,7 @@ class GroupKeys:
 
     @property
     def layouts(self) -> str:
-        """Producer instance -> the key layout version it writes (:mod:`redis_txmq.core.layout`), beside ``producers``
+        """Producer instance -> the key layout version it writes (``redis_txmq.core.layout``), beside ``producers``
         in one slot: the heartbeat script writes both."""
         return f"{PREFIX}:group:{{{self.producer_group}}}:layouts"
 
@@ -229,7 +229,7 @@ class GroupKeys:
 
 
 def topic_keys_of_stream(stream: str) -> TopicKeys:
-    """The :class:`TopicKeys` of a topic stream key as stored in the registry."""
+    """The ``TopicKeys`` of a topic stream key as stored in the registry."""
     topic, separator, partition = stream.partition(PARTITION_SEPARATOR)
     if not separator:
         return TopicKeys(topic)
@@ -253,7 +253,7 @@ def stage_key(stream: str, job_id: str, attempt: str) -> str:
 
 
 def stream_of_stage(stage: str) -> str:
-    """The topic stream a stage key was written for (the inverse of :func:`stage_key`)."""
+    """The topic stream a stage key was written for (the inverse of ``stage_key``)."""
     if not stage.startswith(f"{PREFIX}:{{") or "}:stage:" not in stage:
         raise ValueError(f"not a stage key: {stage!r}")
     return stage[len(PREFIX) + 2 : stage.index("}:stage:")]

@@ -1,11 +1,11 @@
 """The version of the key layout an instance writes, and who still writes an older one.
 
 A producer records the layout version it writes in its group's layouts hash with every heartbeat
-(``lua/heartbeat.lua``); release 0.1.0 wrote layout 1 and records nothing. A checker asks
-:func:`legacy_producers` which producer instances the heartbeat still lists (live, or gone and not dropped yet:
-ten live periods after their last beat) without a record of the current layout: while there is one, it must not
-rely on what only the current layout writes (a producer of layout 1 never puts its topics in the checkers'
-schedule), and visits every registered topic as release 0.1.0 does.
+(``lua/heartbeat.lua``); release 0.1.0 wrote layout 1 and records nothing. A checker asks ``legacy_producers`` which
+producer instances the heartbeat still lists (live, or gone and not dropped yet: ten live periods after their last beat)
+without a record of the current layout: while there is one, it must not rely on what only the current layout writes (a
+producer of layout 1 never puts its topics in the checkers' schedule), and visits every registered topic as release
+0.1.0 does.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ LAYOUT_VERSION = 2
 
 def legacy_producers(client: Any, heartbeat_interval: float = 5.0) -> list[tuple[str, str]]:
     """``(producer group, instance)`` of every producer instance that its group's heartbeat zset still lists (live,
-    or gone for less than the heartbeat's drop time, ten live periods of ``heartbeat_interval``: an instance of a
-    group none of whose producers runs any more is not dropped by anybody, and must not hold every checker in
-    full rounds for ever) and that has no layout record of :data:`LAYOUT_VERSION` or later: an instance of
-    release 0.1.0 (which records none) or of an older layout. Sorted; empty when every listed instance writes the
-    current layout.
+    or gone for less than the heartbeat's drop time, ten live periods of ``heartbeat_interval``: an instance of a group
+    none of whose producers runs any more is not dropped by anybody, and must not hold every checker in full rounds for
+    ever) and that has no layout record of ``LAYOUT_VERSION`` or later: an instance of release 0.1.0 (which records
+    none) or of an older layout. Sorted; empty when every listed instance writes the current layout.
 
     Reads the group registry, then every group's instances and layout records in one pipeline (two commands per
     group, each on its group's keys: on Redis Cluster, redis-py sends each to the master of the group's slot). A
     registry member that is not a valid group name (written by another tool) is skipped with a logged reason.
 
-    Raises :class:`TxMQError` when the registry or a group's keys cannot be read (:class:`TxMQConnectionError` when
-    Redis cannot be reached; a refused read, e.g. a key of another type, as such): the caller cannot tell then, and
-    should behave as if an old producer were there."""
+    Raises [`TxMQError`][redis_txmq.core.errors.TxMQError] when the registry or a group's keys cannot be read
+    ([`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when Redis cannot be reached; a refused read,
+    e.g. a key of another type, as such): the caller cannot tell then, and should behave as if an old producer were
+    there."""
     try:
         members = client.smembers(GROUP_REGISTRY)
     except REDIS_ERRORS as exc:

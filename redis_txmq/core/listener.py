@@ -18,7 +18,8 @@ class TransactionListener(abc.ABC):
     @abc.abstractmethod
     def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState | None:
         """Run the local transaction. ``message`` is the send's own copy of the caller's message, with
-        ``transaction_id`` set: store the id with your data so that :meth:`check_local_transaction` can find the
+        ``transaction_id`` set: store the id with your data so that
+        [`check_local_transaction`][redis_txmq.core.listener.TransactionListener.check_local_transaction] can find the
         outcome. ``None`` or an exception means UNKNOWN."""
 
     @abc.abstractmethod

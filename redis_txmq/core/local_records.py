@@ -1,19 +1,20 @@
-"""The transaction log and the inbox without a database: what the SQLAlchemy ones (:mod:`redis_txmq.sqlalchemy`) and
-the Django ones (:mod:`redis_txmq.django`) decide alike, written once and importing neither library.
+"""The transaction log and the inbox without a database: what the SQLAlchemy ones
+([`redis_txmq.sqlalchemy`][redis_txmq.sqlalchemy]) and the Django ones ([`redis_txmq.django`][redis_txmq.django]) decide
+alike, written once and importing neither library.
 
 - which transactions are open in this process: **one registry for the process**, whichever log (SQLAlchemy's or
   Django's, whichever object) recorded the handle, so that a service recording with one log and answering
   check-backs with another still answers UNKNOWN for a block that is open here;
-- a check-back as steps (:meth:`TransactionLogRules._check_steps`): the effects :class:`StateOf` (read the log's row)
-  and :class:`Fence` (write the ROLLBACK row unless the key is taken, then read the row), which each side performs
-  on its database, sync or asyncio, and the answer from what they return;
-- a purge in batches as steps (:func:`purge_steps`): :class:`OldKeys` (read the keys of a batch of old rows) and
-  :class:`DeleteOld` (delete those rows in a transaction of their own), until a batch comes back short;
-- the inbox's row for a message (:meth:`InboxRules._values`), the column lengths and the refusal of a longer value,
+- a check-back as steps (``TransactionLogRules._check_steps``): the effects ``StateOf`` (read the log's row)
+  and ``Fence`` (write the ROLLBACK row unless the key is taken, then read the row), which each side performs on its
+  database, sync or asyncio, and the answer from what they return;
+- a purge in batches as steps (``purge_steps``): ``OldKeys`` (read the keys of a batch of old rows) and
+  ``DeleteOld`` (delete those rows in a transaction of their own), until a batch comes back short;
+- the inbox's row for a message (``InboxRules._values``), the column lengths and the refusal of a longer value,
   and the statements bounding a fence's lock waits per database.
 
-Steps are generators run by :class:`redis_txmq.core.consuming.Driver` (:func:`run`, :func:`run_async`): a failure of an
-effect is thrown back into them, and they decide what it means (a fence that waited too long is UNKNOWN).
+Steps are generators run by ``redis_txmq.core.consuming.Driver`` (``run``, ``run_async``): a failure of an effect is
+thrown back into them, and they decide what it means (a fence that waited too long is UNKNOWN).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from .sending import HandleState, ManyHandleState
 
 T = TypeVar("T")
 Steps = Generator[Any, Any, T]
-"""Steps yielding the effects of this module (:class:`StateOf`, :class:`Fence`, :class:`OldKeys`,
-:class:`DeleteOld`) and returning a ``T``."""
+"""Steps yielding the effects of this module (``StateOf``, ``Fence``, ``OldKeys``,
+``DeleteOld``) and returning a ``T``."""
 
 COMMIT = LocalTransactionState.COMMIT
 ROLLBACK = LocalTransactionState.ROLLBACK
@@ -88,7 +89,7 @@ def check_lengths(values: dict[str, Any], length_of: Callable[[str], int | None]
 
 def transaction_lock_timeout(dialect: str, seconds: float) -> str | None:
     """PostgreSQL: bound the fence's lock waits for its own transaction. SQLite waits its own busy timeout; MySQL /
-    MariaDB have no such setting per transaction: see :func:`session_lock_timeout`."""
+    MariaDB have no such setting per transaction: see ``session_lock_timeout``."""
     if dialect == "postgresql":
         return f"SET LOCAL lock_timeout = '{max(1, int(seconds * 1000))}ms'"
     return None
@@ -100,8 +101,8 @@ SESSION_LOCK_TIMEOUT_READ = "SELECT @@SESSION.innodb_lock_wait_timeout"
 def session_lock_timeout(dialect: str, seconds: float) -> str | None:
     """MySQL / MariaDB: the statement bounding the connection's lock waits (``innodb_lock_wait_timeout``, whole
     seconds, at least 1; the server's default is 50). It lasts for the session: read the value before with
-    :data:`SESSION_LOCK_TIMEOUT_READ` and set it back after the fence (:func:`session_lock_timeout_restore`): the
-    connection goes back to a pool, or to the thread's other work."""
+    ``SESSION_LOCK_TIMEOUT_READ`` and set it back after the fence (``session_lock_timeout_restore``): the connection
+    goes back to a pool, or to the thread's other work."""
     if dialect in MYSQL_FAMILY:
         return f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(seconds))}"
     return None
@@ -121,7 +122,7 @@ def run(steps: Steps[T], perform: Callable[[Any], Any]) -> T:
 
 
 async def run_async(steps: Steps[T], perform: Callable[[Any], Awaitable[Any]]) -> T:
-    """:func:`run` with ``await perform(effect)``."""
+    """``run`` with ``await perform(effect)``."""
     with Driver(steps) as driver:
         for effect in driver:
             with driver.outcome():
@@ -139,8 +140,8 @@ class StateOf:
 @dataclass(frozen=True, slots=True)
 class Fence:
     """Write the ROLLBACK row ``values`` (add the time it is written) unless its key is taken, in a transaction of
-    its own whose lock waits are bounded (:func:`transaction_lock_timeout`, :func:`session_lock_timeout`); the reply
-    is the state of the row then. A lock wait that runs out raises the database's error."""
+    its own whose lock waits are bounded (``transaction_lock_timeout``, ``session_lock_timeout``); the reply is the
+    state of the row then. A lock wait that runs out raises the database's error."""
 
     values: dict[str, Any]
 
@@ -182,7 +183,7 @@ def purge_steps(batch_size: int) -> Steps[int]:
 
 class TransactionLogRules:
     """What a transaction log decides without its database; the SQLAlchemy and Django logs subclass it, perform
-    the effects of :meth:`_check_steps` and say which columns hold how much (:meth:`_check_lengths`)."""
+    the effects of ``_check_steps`` and say which columns hold how much (``_check_lengths``)."""
 
     _LOCK_ERRORS: ClassVar[tuple[type[Exception], ...]] = ()
     """The database library's errors of a lock wait that ran out (a fence then answers UNKNOWN)."""
@@ -262,7 +263,7 @@ class TransactionLogRules:
         return None
 
     def _check_steps(self, transaction_id: str, message: Message) -> Steps[LocalTransactionState]:
-        """A check-back of ``message`` (``transaction_id``, from :meth:`_transaction_id`): the row's answer, or
+        """A check-back of ``message`` (``transaction_id``, from ``_transaction_id``): the row's answer, or
         UNKNOWN while the local transaction may run, or else what the row says once a fence was written."""
         decided = self.decide(transaction_id, (yield StateOf(transaction_id)), message)
         if decided is not None:

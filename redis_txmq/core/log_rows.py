@@ -2,16 +2,16 @@
 
 "Committed" means the **outermost** database transaction committed. Under Django's ``ATOMIC_REQUESTS``, inside a
 caller's ``transaction.atomic()`` or a SQLAlchemy session whose outer transaction is still open, the block around
-``log.record(tx)`` only releases a savepoint: the row, and the service's data with it, commit later or never. A
-log's ``record()`` therefore attaches a :class:`RowWatch` to the transaction id, and the send asks it, when the
-local transaction is over, what to end the transaction with (:func:`settle`):
+``log.record(tx)`` only releases a savepoint: the row, and the service's data with it, commit later or never. A log's
+``record()`` therefore attaches a ``RowWatch`` to the transaction id, and the send asks it, when the local transaction
+is over, what to end the transaction with (``settle``):
 
 - the row **committed** (the outermost transaction committed): COMMIT, also when the block raised afterwards
   (the data is in the database: the message must go with it);
 - the row **rolled back** (its savepoint or the whole transaction): ROLLBACK;
 - the row is **pending** in an outer transaction still open: nothing is sent now; the end waits for that
-  transaction's commit (:meth:`RowWatch.when_committed`), and if it rolls back instead, the check-back finds no row,
-  fences the transaction and rolls it back. The message is never visible before the commit, nor after a rollback.
+  transaction's commit (``RowWatch.when_committed``), and if it rolls back instead, the check-back finds no row, fences
+  the transaction and rolls it back. The message is never visible before the commit, nor after a rollback.
 
 No database library is imported here: the Django and SQLAlchemy logs each bring their watch.
 """

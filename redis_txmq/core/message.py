@@ -65,7 +65,7 @@ class SendStatus(str, enum.Enum):
 
 
 def validate_name(name: object, what: str) -> str:
-    """Check a topic or group name against :data:`TOPIC_PATTERN`."""
+    """Check a topic or group name against ``TOPIC_PATTERN``."""
     if not isinstance(name, str) or not TOPIC_PATTERN.fullmatch(name):
         error = InvalidTopicError if what == "topic" else ConfigurationError
         raise error(
@@ -81,7 +81,7 @@ of any length."""
 
 
 def remark_text(text: str) -> str:
-    """``text`` as a remark Redis can always take: at most :data:`REMARK_LIMIT` characters, and every character
+    """``text`` as a remark Redis can always take: at most ``REMARK_LIMIT`` characters, and every character
     UTF-8 cannot encode (a lone surrogate, as a file name or an argv decoded with ``surrogateescape`` holds) written
     as its escape (``\\udcff``). A remark is made from foreign text (an exception's, an operator's): that text must
     never be what fails the end it goes with, nor the other calls of the same write."""
@@ -117,10 +117,10 @@ class Message:
     """A message to publish.
 
     ``properties`` may be any ``Mapping`` of str to str (a ``dict``, ``MappingProxyType``, ``UserDict``...). A send
-    works on its own copy of the message (:meth:`copy_for_send`), whose ``properties`` is a plain ``dict``: the
-    caller's object is never changed, so one ``Message`` can be sent by many threads at once. ``transaction_id``
-    is set on that copy, which the listener receives, so it can store the id with its own data and answer checks
-    by it; the send result carries the id too."""
+    works on its own copy of the message ([`copy_for_send`][redis_txmq.core.message.Message.copy_for_send]), whose
+    ``properties`` is a plain ``dict``: the caller's object is never changed, so one ``Message`` can be sent by many
+    threads at once. ``transaction_id`` is set on that copy, which the listener receives, so it can store the id with
+    its own data and answer checks by it; the send result carries the id too."""
 
     topic: str
     body: bytes
@@ -146,8 +146,9 @@ class Message:
 
     def copy_for_send(self, transaction_id: str | None = None) -> Message:
         """A shallow copy that one send owns, with ``transaction_id`` set: a ``properties`` Mapping becomes a new
-        ``dict`` and a keys list a new list, so nothing the send or its listener does reaches the caller's object,
-        and what is validated is what is written. Invalid values are copied as they are, for :meth:`validate`."""
+        ``dict`` and a keys list a new list, so nothing the send or its listener does reaches the caller's object, and
+        what is validated is what is written. Invalid values are copied as they are, for
+        [`validate`][redis_txmq.core.message.Message.validate]."""
         cls = type(self)
         copy = cls.__new__(cls)
         state = self.__dict__.copy()
@@ -162,7 +163,8 @@ class Message:
         return copy
 
     def validate(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
-        """Raise an :class:`InvalidMessageError` subclass naming what is wrong; return ``None`` if valid.
+        """Raise an [`InvalidMessageError`][redis_txmq.core.errors.InvalidMessageError] subclass naming what is wrong;
+        return ``None`` if valid.
 
         Every str (keys, tags, property names and values) must encode to UTF-8, as Redis stores it: a lone
         surrogate is refused here rather than failing half-way through a send."""

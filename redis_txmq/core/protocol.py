@@ -1,7 +1,7 @@
 """The transaction protocol without I/O: what the scripts are sent and how their replies are read.
 
-The sync :class:`redis_txmq.sync.broker.RedisBroker` and the asyncio :class:`redis_txmq.asyncio.broker.AsyncRedisBroker`
-only do the I/O; arguments, reply parsing, error mapping and the results live here, once.
+The sync ``redis_txmq.sync.broker.RedisBroker`` and the asyncio ``redis_txmq.asyncio.broker.AsyncRedisBroker`` only do
+the I/O; arguments, reply parsing, error mapping and the results live here, once.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class PrepareResult:
     duplicate: bool
     wake: str = ""
     """'' or the time (server ms) to score the topic at in the checkers' schedule: the prepare could not write it
-    (no :data:`~redis_txmq.core.keys.SCHEDULE` in its keys, Cluster) and the caller must."""
+    (no ``SCHEDULE`` in its keys, Cluster) and the caller must."""
 
 
 @dataclass(slots=True)
@@ -139,7 +139,7 @@ RESOLVES_TO = {
     DeadAction.ROLLBACK: State.ROLLED_BACK,
     DeadAction.RECHECK: State.IN_FLIGHT,
 }
-"""Where each action takes a dead-lettered transaction (:mod:`redis_txmq.core.states`)."""
+"""Where each action takes a dead-lettered transaction (``redis_txmq.core.states``)."""
 
 
 ERRORS: dict[str, tuple[type[TransactionError], str]] = {
@@ -327,8 +327,7 @@ def prepare_result(reply: Any, message: Message, transaction_id: str) -> Prepare
 
 def end_args(end: EndCall, settings: Settings) -> list[Any]:
     """ARGV of ``lua/end_transaction.lua``. The remark is free text from anywhere (an exception's, a caller's of
-    :meth:`~redis_txmq.sync.broker.RedisBroker.end_transaction`): sent as :func:`~redis_txmq.core.message.remark_text`
-    makes it, so that it never keeps the end from being applied."""
+    ``end_transaction``): sent as ``remark_text`` makes it, so that it never keeps the end from being applied."""
     return [
         end.transaction_id,
         end.producer_group,
@@ -377,7 +376,7 @@ def queue_drop_check_requests(pipe: Any, requests: list[tuple[str, str]]) -> Non
 
 
 def dead_resolve_args(transaction_id: str, action: DeadAction, remark: str, settings: Settings) -> list[Any]:
-    """ARGV of ``lua/dead_resolve.lua``; the operator's remark as :func:`~redis_txmq.core.message.remark_text` makes
+    """ARGV of ``lua/dead_resolve.lua``; the operator's remark as ``remark_text`` makes
     it."""
     return [
         transaction_id,
@@ -505,7 +504,8 @@ def end_call_error(exc: Exception, keys: TopicKeys, transaction_id: str) -> TxMQ
 
 
 def end_result(reply: Any, keys: TopicKeys, transaction_id: str) -> EndResult:
-    """Map an end-like script reply to an :class:`EndResult` or the matching :class:`TransactionError`."""
+    """Map an end-like script reply to an ``EndResult`` or the matching
+    [`TransactionError`][redis_txmq.core.errors.TransactionError]."""
     if type(reply) is list and len(reply) == 6 and reply[0] == b"OK":  # the common case, decoded without a detour
         committed, request = reply[3], reply[5]
         return EndResult(

@@ -6,9 +6,9 @@ the automatic SCRIPT LOAD fallback when the server answers NOSCRIPT (after a res
 
 A script is assembled before it is loaded: its preludes (chosen here, per family of scripts) go in front, and every
 ``--#include <name>`` line is replaced by the text of ``lua/include/<name>.lua``, recursively. Text, not a function:
-steps shared by several scripts are written once without costing the send path a closure or a call
-(``lua/README.md``). The SHA a client sends is the assembled text's, so everything that loads a script, or computes
-its digest, takes the text from :func:`script_text` (a redis-py ``Script`` registered here carries it).
+steps shared by several scripts are written once without costing the send path a closure or a call (``lua/README.md``).
+The SHA a client sends is the assembled text's, so everything that loads a script, or computes its digest, takes the
+text from ``script_text`` (a redis-py ``Script`` registered here carries it).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def assemble(text: str, origin: str, fragment: Any = _fragment, _chain: tuple[st
     """``text`` with every ``--#include <name>`` line replaced by the fragment's text (itself assembled), indented
     like the directive. ``origin`` names the text in errors; ``fragment(name, origin)`` returns a fragment's text.
 
-    Raises :class:`TxMQError` for an unknown fragment, a fragment that includes itself (directly or not), and a
-    ``--#`` line that is not an include: a misspelt directive must not pass as a comment."""
+    Raises [`TxMQError`][redis_txmq.core.errors.TxMQError] for an unknown fragment, a fragment that includes itself
+    (directly or not), and a ``--#`` line that is not an include: a misspelt directive must not pass as a comment."""
     lines = []
     for number, line in enumerate(text.split("\n"), 1):
         directive = _DIRECTIVE.match(line)
@@ -119,7 +119,7 @@ def register_script(client: Any, name: str, *preludes: str) -> Any:
 
 
 def register_topic_script(client: Any, name: str) -> Any:
-    """A transaction script: KEYS are :meth:`redis_txmq.core.keys.TopicKeys.script_keys`."""
+    """A transaction script: KEYS are ``redis_txmq.core.keys.TopicKeys.script_keys``."""
     return register_script(client, name, *topic_preludes(name))
 
 

@@ -120,12 +120,11 @@ def outcome_of_block(
     exc_type: type[BaseException] | None, exc: BaseException | None
 ) -> tuple[LocalTransactionState, str | None]:
     """What leaving a transaction handle's block decides, and the remark kept with it: COMMIT when it ended normally,
-    ROLLBACK when it raised an exception (named in the remark), UNKNOWN (the check-back asks the listener) when it
-    was cancelled or interrupted (``CancelledError``, ``KeyboardInterrupt``...) or raised a database error that
-    lost its connection (SQLAlchemy's ``connection_invalidated``, Django's ``OperationalError`` and
-    ``InterfaceError``: a COMMIT under way may have been applied): the
-    local transaction may have committed, never guess. The remark is made sendable whatever the exception's text
-    (:func:`~redis_txmq.core.message.remark_text`): the end is applied and the block's own exception goes on."""
+    ROLLBACK when it raised an exception (named in the remark), UNKNOWN (the check-back asks the listener) when it was
+    cancelled or interrupted (``CancelledError``, ``KeyboardInterrupt``...) or raised a database error that lost its
+    connection (SQLAlchemy's ``connection_invalidated``, Django's ``OperationalError`` and ``InterfaceError``: a COMMIT
+    under way may have been applied): the local transaction may have committed, never guess. The remark is made sendable
+    whatever the exception's text (``remark_text``): the end is applied and the block's own exception goes on."""
     if exc_type is None:
         return LocalTransactionState.COMMIT, None
     if not issubclass(exc_type, Exception):
@@ -156,7 +155,7 @@ class HandleState:
         self.result: TransactionSendResult | None = None
         """The send result, once the transaction was ended (or left to the check-back)."""
         self.rows_settled = False
-        """Whether the end has taken the watches of its log rows (:mod:`redis_txmq.core.log_rows`)."""
+        """Whether the end has taken the watches of its log rows (``redis_txmq.core.log_rows``)."""
 
     @property
     def in_flight(self) -> InFlight:
@@ -379,7 +378,7 @@ class ManyHandleState:
     def __init__(self, producer_group: str, max_messages: int) -> None:
         self.state = ManyState(producer_group, max_messages)
         self.rows_settled = False
-        """Whether the end has taken the watches of its log rows (:mod:`redis_txmq.core.log_rows`)."""
+        """Whether the end has taken the watches of its log rows (``redis_txmq.core.log_rows``)."""
 
     @property
     def transaction_id(self) -> str:
@@ -415,7 +414,7 @@ class CheckerListener(TransactionListener):
 
 
 def listener_of(producer_group: str, listener: object, checker: object, base: type = TransactionListener) -> object:
-    """The producer's listener: the one given, or a :class:`CheckerListener` around ``checker``."""
+    """The producer's listener: the one given, or a ``CheckerListener`` around ``checker``."""
     if listener is not None and checker is not None:
         raise ConfigurationError(f"producer group {producer_group!r}: pass a listener or a checker, not both")
     if checker is not None:

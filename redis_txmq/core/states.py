@@ -1,11 +1,11 @@
 """A transaction's states and the moves between them, written once (as Kafka keeps its transaction coordinator's
 states and their valid predecessors in one table).
 
-The Lua scripts make the moves (each one script call, atomic); this table says which moves exist. It is read by
-the code that resolves dead letters (:func:`redis_txmq.ops.admin.resolve_dead_transaction` asks it where an
-operator's action leads), by the model-based protocol test (every change of a transaction's state it observes on
-Redis between two steps must be a path of this table: nothing leaves COMMITTED or ROLLED_BACK) and by the docs,
-whose diagram "A transaction's life" is drawn from it when the site is built.
+The Lua scripts make the moves (each one script call, atomic); this table says which moves exist. It is read by the code
+that resolves dead letters (``redis_txmq.ops.admin.resolve_dead_transaction`` asks it where an operator's action leads),
+by the model-based protocol test (every change of a transaction's state it observes on Redis between two steps must be a
+path of this table: nothing leaves COMMITTED or ROLLED_BACK) and by the docs, whose diagram "A transaction's life" is
+drawn from it when the site is built.
 
 A transaction of several messages moves each of its messages through these states; its decision record
 (``lua/decide_transaction.lua``) says which way they go once one of them is decided.

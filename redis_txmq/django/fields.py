@@ -1,4 +1,4 @@
-"""A text key compared exactly on every database, as :class:`redis_txmq.sqlalchemy.statements.Key` is."""
+"""A text key compared exactly on every database, as ``redis_txmq.sqlalchemy.statements.Key`` is."""
 
 from __future__ import annotations
 

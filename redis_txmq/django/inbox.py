@@ -1,10 +1,10 @@
 """The inbox on Django: a consumer's effects on its database happen once per message, however often it is delivered.
 
-The rules are those of :mod:`redis_txmq.sqlalchemy.inbox`: ``(consumer group, message id)`` is written under a unique
-key **in the consumer's own database transaction**; the first delivery writes it with its effects, a redelivery (the
-consumer died between its commit and its ack, another instance claimed the message) finds it and skips the effects,
-and the ack follows the commit either way. Two instances handling one message at once cannot both commit: the
-second's insert waits for the first's transaction, then finds its row.
+The rules are those of ``redis_txmq.sqlalchemy.inbox``: ``(consumer group, message id)`` is written under a unique key
+**in the consumer's own database transaction**; the first delivery writes it with its effects, a redelivery (the
+consumer died between its commit and its ack, another instance claimed the message) finds it and skips the effects, and
+the ack follows the commit either way. Two instances handling one message at once cannot both commit: the second's
+insert waits for the first's transaction, then finds its row.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def _model() -> Any:
 class Inbox(InboxRules):
     """The ``txmq_inbox`` table of the database ``using``: the messages each consumer group has applied. The key is
     compared exactly on every database (``billing`` and ``Billing`` are two groups); a group or id longer than its
-    column is refused, never truncated. What it decides without the database is
-    :class:`~redis_txmq.core.local_records.InboxRules`, shared with the SQLAlchemy inbox."""
+    column is refused, never truncated. What it decides without the database is ``InboxRules``, shared with the
+    SQLAlchemy inbox."""
 
     _logger = logging.getLogger(__name__)
 
@@ -42,8 +42,9 @@ class Inbox(InboxRules):
 
     def claim(self, consumer_group: str, message: ConsumedMessage) -> bool:
         """Record ``message`` in the current atomic block (on ``using``): True the first time, False when this group
-        already applied it (do nothing then, but commit and ack). Raises :class:`ConfigurationError` outside an
-        atomic block: the claim would commit without the effects."""
+        already applied it (do nothing then, but commit and ack). Raises
+        [`ConfigurationError`][redis_txmq.core.errors.ConfigurationError] outside an atomic block: the claim would
+        commit without the effects."""
         values = self._values(consumer_group, message)
         if not transaction.get_connection(self.using).in_atomic_block:
             raise ConfigurationError(
@@ -84,8 +85,9 @@ class Inbox(InboxRules):
     def async_handler(
         self, handle: Callable[[ConsumedMessage], Any], *, consumer_group: str
     ) -> Callable[[ConsumedMessage], Awaitable[None]]:
-        """:meth:`handler` for the asyncio ``Consumer``: ``handle`` is a plain function (the ORM in an atomic block
-        is sync), run with the claim and the commit on one thread through ``sync_to_async``."""
+        """[`handler`][redis_txmq.django.inbox.Inbox.handler] for the asyncio ``Consumer``: ``handle`` is a plain
+        function (the ORM in an atomic block is sync), run with the claim and the commit on one thread through
+        ``sync_to_async``."""
         from asgiref.sync import sync_to_async
 
         process = sync_to_async(self.handler(handle, consumer_group=consumer_group), thread_sensitive=True)

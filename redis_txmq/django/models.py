@@ -1,7 +1,7 @@
-"""The two tables, in meaning the ones of :mod:`redis_txmq.sqlalchemy` (same names and columns; the inbox has a
-surrogate ``id`` and a unique ``(consumer_group, message_id)``, since Django before 5.2 has no composite keys). Their
-declarations share a shape (fields, then ``Meta`` and ``__str__``): two models, each declared once; their lengths come
-from :mod:`redis_txmq.core.local_records`, as the SQLAlchemy tables' do."""
+"""The two tables, in meaning the ones of [`redis_txmq.sqlalchemy`][redis_txmq.sqlalchemy] (same names and columns; the
+inbox has a surrogate ``id`` and a unique ``(consumer_group, message_id)``, since Django before 5.2 has no composite
+keys). Their declarations share a shape (fields, then ``Meta`` and ``__str__``): two models, each declared once; their
+lengths come from ``redis_txmq.core.local_records``, as the SQLAlchemy tables' do."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Django side of :mod:`redis_txmq.core.local_records` (the rules the SQLAlchemy log and inbox follow too, written
+"""The Django side of ``redis_txmq.core.local_records`` (the rules the SQLAlchemy log and inbox follow too, written
 there once, without SQLAlchemy): a field's length, and a purge's queries.
 """
 
@@ -15,7 +15,7 @@ from ..core.local_records import OldKeys, check_purge, purge_steps, run
 
 
 def check_lengths(model: Any, values: dict[str, Any], what: str) -> None:
-    """:func:`redis_txmq.core.local_records.check_lengths` against ``model``'s fields."""
+    """``redis_txmq.core.local_records.check_lengths`` against ``model``'s fields."""
     local_records.check_lengths(
         values, lambda name: getattr(model._meta.get_field(name), "max_length", None), model._meta.db_table, what
     )
@@ -23,7 +23,7 @@ def check_lengths(model: Any, values: dict[str, Any], what: str) -> None:
 
 def purge(model: Any, time_field: str, using: str, older_than: timedelta, batch_size: int) -> int:
     """Delete the rows of ``model`` whose ``time_field`` is more than ``older_than`` ago, in batches
-    (:func:`redis_txmq.core.local_records.purge_steps`); returns how many."""
+    (``redis_txmq.core.local_records.purge_steps``); returns how many."""
     check_purge(older_than, batch_size)
     old = {f"{time_field}__lt": timezone.now() - older_than}
 

@@ -1,6 +1,6 @@
 """The transaction log on Django: one row per local transaction, written inside it, that answers check-backs.
 
-The rules are those of :mod:`redis_txmq.sqlalchemy.transaction_log` (read its description for why they hold):
+The rules are those of ``redis_txmq.sqlalchemy.transaction_log`` (read its description for why they hold):
 
 - a row saying COMMIT: **COMMIT**; a row saying ROLLBACK (a fence): **ROLLBACK**;
 - no row, and the transaction may still be running (its handle is open in this process, or its half message is
@@ -63,9 +63,9 @@ class TransactionLog(TransactionLogRules):
     """The ``txmq_transaction_log`` table of the database ``using`` (an alias of ``DATABASES``), and the check-back
     that reads it. ``local_transaction_max_seconds`` bounds how long a local transaction of yours may run: a check
     fences one only when it is older (set it above your slowest, and record early in the transaction).
-    ``lock_timeout_seconds`` bounds a fence's wait on a row a running local transaction holds. What it decides
-    without the database (the handles open in this process among them, one registry with the SQLAlchemy log's) is
-    :class:`~redis_txmq.core.local_records.TransactionLogRules`."""
+    ``lock_timeout_seconds`` bounds a fence's wait on a row a running local transaction holds. What it decides without
+    the database (the handles open in this process among them, one registry with the SQLAlchemy log's) is
+    ``TransactionLogRules``."""
 
     _LOCK_ERRORS = (OperationalError,)
     _logger = logging.getLogger(__name__)
@@ -93,11 +93,11 @@ class TransactionLog(TransactionLogRules):
         check-back rolls the message back. A bare transaction id is not followed so: pass the handle or message.
 
         ``transaction_or_id`` is a transaction handle (``tx``, of one message or of several), the message a listener
-        received, or a transaction id. A handle is registered for this process while its block is open: a
-        check-back meanwhile answers UNKNOWN instead of fencing a slow local transaction. Raises
-        ``django.db.IntegrityError`` when a check already fenced the transaction (it was taken for rolled back):
-        the atomic block then rolls back, and the handle with it. Raises :class:`ConfigurationError` outside an
-        atomic block: the row would commit on its own."""
+        received, or a transaction id. A handle is registered for this process while its block is open: a check-back
+        meanwhile answers UNKNOWN instead of fencing a slow local transaction. Raises ``django.db.IntegrityError`` when
+        a check already fenced the transaction (it was taken for rolled back): the atomic block then rolls back, and the
+        handle with it. Raises [`ConfigurationError`][redis_txmq.core.errors.ConfigurationError] outside an atomic
+        block: the row would commit on its own."""
         transaction_id, topic = self._identify(transaction_or_id, topic)
         connection = transaction.get_connection(self.using)
         if not connection.in_atomic_block:
@@ -127,8 +127,8 @@ class TransactionLog(TransactionLogRules):
             connection.close_if_unusable_or_obsolete()
 
     async def acheck(self, message: Message) -> LocalTransactionState:
-        """:meth:`check` from async code: on a thread of its own (a fence may wait for a lock; the database work of
-        one check stays on one thread)."""
+        """[`check`][redis_txmq.django.transaction_log.TransactionLog.check] from async code: on a thread of its own (a
+        fence may wait for a lock; the database work of one check stays on one thread)."""
         from asgiref.sync import sync_to_async
 
         return await sync_to_async(self.check, thread_sensitive=False)(message)
@@ -148,7 +148,7 @@ class TransactionLog(TransactionLogRules):
         return purge(_model(), "recorded_at", self.using, older_than, batch_size)
 
     def _perform(self, connection: Any, effect: Any) -> Any:
-        """An effect of :meth:`_check_steps` on this thread's connection."""
+        """An effect of ``_check_steps`` on this thread's connection."""
         if isinstance(effect, StateOf):
             state = _model().objects.using(self.using).filter(pk=effect.transaction_id).values_list("state", flat=True)
             return None if (found := state.first()) is None else str(found)

@@ -1,9 +1,9 @@
 """A write job's record and what a Spark driver and its task attempts call on it: lease, stage, decide, commit,
-abort (:class:`WriteJob`), and the lease a running task attempt keeps renewing (:class:`LeaseKeeper`).
+abort (``WriteJob``), and the lease a running task attempt keeps renewing (``LeaseKeeper``).
 
-The job decision (``lua/decide_job.lua``, in the job's record ``txmq:job:{J}``) is written once: COMMIT with the
-stages of the attempts Spark committed, or ROLLBACK; what is done on the stages by the decision that stands is in
-:mod:`.stages`, when the checker looks at a job in :mod:`.registry` and :mod:`.settling`.
+The job decision (``lua/decide_job.lua``, in the job's record ``txmq:job:{J}``) is written once: COMMIT with the stages
+of the attempts Spark committed, or ROLLBACK; what is done on the stages by the decision that stands is in ``stages``,
+when the checker looks at a job in ``registry`` and ``settling``.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ SCRIPTS = ("decide_job", "settle_job", "lease_job", "publish_stage", "open_stage
 
 
 Decision = JobDecision
-"""The former name of :class:`JobDecision`."""
+"""The former name of ``JobDecision``."""
 
 
 class WriteJob:
-    """One write job on one client (``redis.Redis`` or ``RedisCluster``); :meth:`close` when done with it."""
+    """One write job on one client (``redis.Redis`` or ``RedisCluster``); ``close`` when done with it."""
 
     def __init__(self, client: Any, keys: JobKeys, settings: Settings | None = None, query_id: str = "") -> None:
         self.client = client
@@ -63,7 +63,7 @@ class WriteJob:
         self.plain_runner.close()
 
     def script(self, name: str) -> Any:
-        """The registered script ``lua/<name>.lua`` (one of :data:`SCRIPTS`)."""
+        """The registered script ``lua/<name>.lua`` (one of ``SCRIPTS``)."""
         return self._scripts[name]
 
     @classmethod
@@ -111,27 +111,27 @@ class WriteJob:
         return ends
 
     def keep_stages(self) -> None:
-        """Renew the time to live of every stage the job lists (:func:`.stages.check_stages`)."""
+        """Renew the time to live of every stage the job lists (``stages.check_stages``)."""
         listed = self._do("read its stages", lambda: self.client.smembers(self.keys.stages))
         if listed:
             check_stages(self, sorted(text(stage) or "" for stage in listed), {})
 
     def register(self) -> None:
-        """Lease the job and list it for the checker (done by :meth:`stage` anyway, before any task writes)."""
+        """Lease the job and list it for the checker (done by ``stage`` anyway, before any task writes)."""
         self.lease()
 
     def stage(self, stream: str, attempt: str) -> str | None:
-        """The stage of task attempt ``attempt`` for ``stream`` (:func:`.stages.open_stage`), or None when the job
+        """The stage of task attempt ``attempt`` for ``stream`` (``stages.open_stage``), or None when the job
         is already decided: the attempt writes nothing."""
         return open_stage(self, stream, attempt)
 
     def decide(self, outcome: LocalTransactionState, stages: Iterable[str] | Mapping[str, int]) -> JobDecision:
         """Write the job decision (``lua/decide_job.lua``) unless one stands; ``stages`` may map each stage to the
         rows its attempt staged, which the publishing then checks. A COMMIT first checks every stage it names
-        (:func:`.stages.check_stages`: the stages live in their topic streams' slots, out of ``decide_job``'s
-        reach); one missing (expired, deleted after the lease passed) or holding other rows than staged ends the job
-        as :meth:`abort` does and raises :class:`JobNotCommittedError`, nothing published. Raises it too when a
-        stage to commit is no longer the job's (set aside after its lease passed): nothing is decided."""
+        (``stages.check_stages``: the stages live in their topic streams' slots, out of ``decide_job``'s reach); one
+        missing (expired, deleted after the lease passed) or holding other rows than staged ends the job as ``abort``
+        does and raises [`JobNotCommittedError`][redis_txmq.core.errors.JobNotCommittedError], nothing published. Raises
+        it too when a stage to commit is no longer the job's (set aside after its lease passed): nothing is decided."""
         rows = {str(stage): int(count) for stage, count in stages.items()} if isinstance(stages, Mapping) else {}
         listed = sorted(rows) if isinstance(stages, Mapping) else sorted(stages)
         if LocalTransactionState(outcome) is COMMIT and listed:
@@ -161,9 +161,9 @@ class WriteJob:
 
     def _refused(self, failures: list[str]) -> JobDecision:
         """A COMMIT refused before it was decided, because a stage to commit is missing (expired, set aside after
-        the lease passed) or holds other rows than its attempt staged: the job is ended as :meth:`abort` ends it,
-        nothing of it published. Returns the job decision that stood before (a COMMIT is published by now); raises
-        :class:`JobNotCommittedError` when the job had none."""
+        the lease passed) or holds other rows than its attempt staged: the job is ended as ``abort`` ends it, nothing of
+        it published. Returns the job decision that stood before (a COMMIT is published by now); raises
+        [`JobNotCommittedError`][redis_txmq.core.errors.JobNotCommittedError] when the job had none."""
         reason = "; ".join(failures)
         logger.warning("write job %s: COMMIT refused, the job is ended: %s", self.job_id, reason)
         ended = self.abort()
@@ -199,9 +199,10 @@ class WriteJob:
 
     def commit(self, stages: Iterable[str] | Mapping[str, int]) -> JobDecision:
         """Decide COMMIT for these stages (unless another job decision stands), then settle by the one that stands;
-        returns it (a caller that needs its COMMIT checks ``outcome``: the checker may have rolled the job back once
-        its lease passed). Raises :class:`JobNotCommittedError` when a stage was set aside (nothing decided), and
-        :class:`UnpublishableJobError` when a committed row cannot be published."""
+        returns it (a caller that needs its COMMIT checks ``outcome``: the checker may have rolled the job back once its
+        lease passed). Raises [`JobNotCommittedError`][redis_txmq.core.errors.JobNotCommittedError] when a stage was set
+        aside (nothing decided), and [`UnpublishableJobError`][redis_txmq.core.errors.UnpublishableJobError] when a
+        committed row cannot be published."""
         job_decision = self.decide(COMMIT, stages)
         self.settle(job_decision)
         staged = dict(stages) if isinstance(stages, Mapping) else dict.fromkeys(stages, 1)
@@ -229,7 +230,7 @@ class WriteJob:
 
     def expire(self) -> tuple[str, JobDecision | None, int | None]:
         """The checker's look at this listed job (``lua/settle_job.lua`` in mode expire; what the checker does with
-        it is :mod:`.settling`): ``(status, job decision to settle by or None, when to look again or None)``."""
+        it is ``settling``): ``(status, job decision to settle by or None, when to look again or None)``."""
         extra = [int(self.settings.job_lease * 1000), int(self.settings.transaction_timeout * 1000)]
         reply = self._end("settle", "expire", extra)
         status = text(reply[0]) or ""
@@ -264,9 +265,9 @@ class WriteJob:
         )
 
     def settle(self, job_decision: JobDecision) -> int:
-        """Carry out the job decision on the stages (:func:`.stages.settle_by_job_decision`); returns the rows this
-        call published. Raises :class:`UnpublishableJobError` (after parking the job) when a committed row cannot be
-        published."""
+        """Carry out the job decision on the stages (``stages.settle_by_job_decision``); returns the rows this
+        call published. Raises [`UnpublishableJobError`][redis_txmq.core.errors.UnpublishableJobError] (after parking
+        the job) when a committed row cannot be published."""
         return settle_by_job_decision(self, job_decision)
 
     def publish(self, stage: str) -> int:
@@ -274,7 +275,7 @@ class WriteJob:
         return publish_stage(self, stage)[0]
 
     def park(self, reason: str) -> None:
-        """Keep the job listed out of the checker's way, for an operator (:func:`.registry.park`)."""
+        """Keep the job listed out of the checker's way, for an operator (``registry.park``)."""
         registry.park(self, reason)
 
     def call(self, what: str, script: str, keys: list[str], args: list[Any], confirmed: bool = False) -> Any:
@@ -299,11 +300,10 @@ class WriteJob:
 
 class LeaseKeeper:
     """Renews a job's lease from a daemon thread every third of ``job_lease`` while a task attempt writes for it
-    (:meth:`start` ... :meth:`stop`): the job stays its driver's however long it runs. Every quarter of
-    ``stage_lifetime`` it also renews the time to live of every stage the job lists, those of attempts that ended
-    long ago too: a live job's stages never expire, however long its last task runs after its first. Stops by
-    itself once the job is decided. A failed renewal is logged and tried again; the lease has two more thirds to
-    run."""
+    (``start`` ... ``stop``): the job stays its driver's however long it runs. Every quarter of ``stage_lifetime`` it
+    also renews the time to live of every stage the job lists, those of attempts that ended long ago too: a live job's
+    stages never expire, however long its last task runs after its first. Stops by itself once the job is decided. A
+    failed renewal is logged and tried again; the lease has two more thirds to run."""
 
     def __init__(self, job: WriteJob) -> None:
         self.job = job

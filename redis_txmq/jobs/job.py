@@ -1,6 +1,6 @@
-"""A write job as the registry and the stages use it (:class:`Job`: :class:`~redis_txmq.jobs.driver.WriteJob` is
-one), and the job decision that stands for it (:class:`JobDecision`): apart from the driver, which imports the
-registry and the stages, so that they import nothing of it."""
+"""A write job as the registry and the stages use it (``Job``: ``WriteJob`` is
+one), and the job decision that stands for it (``JobDecision``): apart from the driver, which imports the registry and
+the stages, so that they import nothing of it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..core.message import LocalTransactionState
 
 
 class Job(Protocol):
-    """What :mod:`.registry` and :mod:`.stages` call on a write job."""
+    """What ``registry`` and ``stages`` call on a write job."""
 
     client: Any
     keys: JobKeys

@@ -1,10 +1,10 @@
-"""The checker's settling policy for write jobs (``checker/worker.py`` calls :func:`settle_jobs` every round).
+"""The checker's settling policy for write jobs (``checker/worker.py`` calls ``settle_jobs`` every round).
 
-A job is the driver's while its lease holds, and its driver settles its own job decision right after writing it:
-the checker only takes a job once :mod:`.registry` says it is due, and confirms that in the job's record
-(:meth:`.driver.WriteJob.expire`). An undecided job whose lease passed (its driver is gone) is ended: a batch job
-rolled back, a micro-batch's stages set aside (its batch id stays free for Spark's rerun); a decided one is settled
-by its job decision once it is ``transaction_timeout`` old (a repeat of the driver's settling is harmless).
+A job is the driver's while its lease holds, and its driver settles its own job decision right after writing it: the
+checker only takes a job once ``registry`` says it is due, and confirms that in the job's record
+(``driver.WriteJob.expire``). An undecided job whose lease passed (its driver is gone) is ended: a batch job rolled
+back, a micro-batch's stages set aside (its batch id stays free for Spark's rerun); a decided one is settled by its job
+decision once it is ``transaction_timeout`` old (a repeat of the driver's settling is harmless).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .driver import ROLLBACK, JobDecision, WriteJob
 logger = logging.getLogger(__name__)
 
 SETTLE_BATCHES = 10
-"""Batches of due jobs one :func:`settle_jobs` call takes at most: each job it looks at leaves the due range
+"""Batches of due jobs one ``settle_jobs`` call takes at most: each job it looks at leaves the due range
 (settled, parked, or rescheduled), so the next batch holds the next due ones, wherever they were listed."""
 SETTLING_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, TxMQError)
 """What the checker logs and tries again later when settling a job fails."""

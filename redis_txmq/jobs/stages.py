@@ -1,12 +1,12 @@
 """A write job's stages, and how a job decision is carried out on them (what Spark's sink relies on).
 
 A stage is a stream beside a topic stream (same hash slot), one per task attempt and topic stream, invisible to
-consumers. The writer (``spark_connector/writer.py``) packs its rows into stage entries by the constants here; a
-task attempt's stage is opened empty with a time to live and listed in its job before any row goes in
-(:func:`open_stage`), refused once the job is decided. Settling by the job decision that stands
-(:func:`settle_by_job_decision`): a COMMIT's stages are published into their topic streams chunk by chunk
-(:func:`publish_stage`), each stage's rows published compared with the rows its attempt staged; every other stage
-is deleted; a job whose committed rows cannot all be published is parked for an operator.
+consumers. The writer (``spark_connector/writer.py``) packs its rows into stage entries by the constants here; a task
+attempt's stage is opened empty with a time to live and listed in its job before any row goes in (``open_stage``),
+refused once the job is decided. Settling by the job decision that stands (``settle_by_job_decision``): a COMMIT's
+stages are published into their topic streams chunk by chunk (``publish_stage``), each stage's rows published compared
+with the rows its attempt staged; every other stage is deleted; a job whose committed rows cannot all be published is
+parked for an operator.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 STAGE_ROWS_FIELD = "rows"
 ROWS_PER_STAGE_ENTRY = 100
-"""Rows a writer packs into one stage entry at most (fewer when they reach :data:`STAGE_ENTRY_BYTES`)."""
+"""Rows a writer packs into one stage entry at most (fewer when they reach ``STAGE_ENTRY_BYTES``)."""
 STAGE_ENTRY_BYTES = 1 << 20
 """Body bytes after which a writer closes a stage entry early: one call never moves much more than a few MiB."""
 PUBLISH_CHUNK = 10
@@ -101,9 +101,10 @@ def open_stage(job: Job, stream: str, attempt: str) -> str | None:
 
 def settle_by_job_decision(job: Job, job_decision: JobDecision) -> int:
     """Publish the job decision's stages (a COMMIT), delete every other stage of the job, unlist it; returns the
-    rows this call published. Raises :class:`UnpublishableJobError` (after parking the job) when a committed stage
-    is missing or holds other rows than staged (found before any row is published: nothing is), cannot be published
-    or published other than its staged rows (a stage that cannot be counted before: the others are published)."""
+    rows this call published. Raises [`UnpublishableJobError`][redis_txmq.core.errors.UnpublishableJobError] (after
+    parking the job) when a committed stage is missing or holds other rows than staged (found before any row is
+    published: nothing is), cannot be published or published other than its staged rows (a stage that cannot be counted
+    before: the others are published)."""
     published, failures = 0, []
     if job_decision.outcome is COMMIT and job_decision.status != "DISCARDED":
         # every stage is checked before the first row is published: a stage missing or holding other rows than its

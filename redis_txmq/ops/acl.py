@@ -1,11 +1,10 @@
 """Least-privilege ACL rules for each part: a producer, a checker, a consumer, a Spark reader and a Spark writer.
 
-Each rule names only the keys of the part's topics and groups (:mod:`redis_txmq.core.keys`) and only the commands it
-sends, including those its Lua scripts call: Redis checks every command inside a script against the caller's ACL,
-so a script is no way around it. ``EVAL`` is allowed next to ``EVALSHA`` (redis-py falls back to it) for the same
-reason. ``INFO`` lets a producer or checker check its durability level at start (without it the level is not
-checked, and ``txmq status`` shows the server as unknown). The rules are what ``txmq acl`` prints and what the tests
-run every part with."""
+Each rule names only the keys of the part's topics and groups (``redis_txmq.core.keys``) and only the commands it sends,
+including those its Lua scripts call: Redis checks every command inside a script against the caller's ACL, so a script
+is no way around it. ``EVAL`` is allowed next to ``EVALSHA`` (redis-py falls back to it) for the same reason. ``INFO``
+lets a producer or checker check its durability level at start (without it the level is not checked, and ``txmq status``
+shows the server as unknown). The rules are what ``txmq acl`` prints and what the tests run every part with."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def stream_figures(client: Any, keys: TopicKeys, now_ms: int) -> dict[str, Any]:
 
 
 def streams_figures(client: Any, streams: list[TopicKeys], now_ms: int) -> list[dict[str, Any] | Exception]:
-    """:func:`stream_figures` of many streams, pipelined (:func:`~redis_txmq.transport.connection.pipeline_each`); a
+    """``stream_figures`` of many streams, pipelined (``pipeline_each``); a
     stream whose figures could not be read (its master down, say) has the error in its place."""
 
     def queue(pipe: Any, keys: TopicKeys) -> int:
@@ -131,8 +131,8 @@ def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any
       was set to an arbitrary id: such partitions are counted in ``undelivered_unknown_partitions`` (``undelivered``
       is then a lower bound; None when no partition's is known);
     - ``pending``: delivered and not acknowledged; ``oldest_pending_idle_seconds``: the longest any of them has
-      been held since its last delivery, over the partitions (None when nothing is pending): not the lowest id's,
-      which a claim may have delivered again a moment ago (:func:`_longest_idle`, :data:`PENDING_SCAN_LIMIT`);
+      been held since its last delivery, over the partitions (None when nothing is pending): not the lowest id's, which
+      a claim may have delivered again a moment ago (``_longest_idle``, ``PENDING_SCAN_LIMIT``);
     - ``dead_letters``: entries the group gave up on (``txmq:{<stream>}:consumer-dead:<group>``), None for a group
       whose name the library would refuse (made by another tool: it has no such stream);
     - ``consumers``: members of the group (the most on one partition), ``partitions``: partitions holding the group.
@@ -159,11 +159,10 @@ def _dead_stream(keys: TopicKeys, info: dict[str, Any]) -> str | None:
 
 
 def consumer_lags(client: Any, streams: list[TopicKeys]) -> dict[str, list[dict[str, Any]] | Exception]:
-    """:func:`consumer_lag` of every topic of ``streams`` (their partitions together), topic -> its rows, or the
-    error that kept it from being read (a partition on a master that is down). Rounds of pipelines
-    (:func:`~redis_txmq.transport.connection.pipeline_each`): ``XINFO GROUPS``, then ``XPENDING`` (the first
-    :data:`PENDING_HEAD` pending entries, with their idle times) and ``XLEN`` per group, then, for a group with
-    more pending (:func:`_longest_idle`), ``XPENDING ... IDLE`` over the rest."""
+    """``consumer_lag`` of every topic of ``streams`` (their partitions together), topic -> its rows, or the
+    error that kept it from being read (a partition on a master that is down). Rounds of pipelines (``pipeline_each``):
+    ``XINFO GROUPS``, then ``XPENDING`` (the first ``PENDING_HEAD`` pending entries, with their idle times) and ``XLEN``
+    per group, then, for a group with more pending (``_longest_idle``), ``XPENDING ... IDLE`` over the rest."""
     failed: dict[str, Exception] = {}
     # each group found: its partition, XINFO's row, its dead-letter stream, and what is asked of it next
     found: list[tuple[TopicKeys, dict[str, Any], str | None, tuple[str, ...]]] = []
@@ -246,9 +245,9 @@ PENDING_HEAD = 100
 most groups."""
 
 PENDING_SCAN_LIMIT = 10_000
-"""A group (partition) with more pending entries than :data:`PENDING_HEAD`, and at most this many, has the rest
+"""A group (partition) with more pending entries than ``PENDING_HEAD``, and at most this many, has the rest
 scanned with ``XPENDING ... IDLE`` (which walks its whole pending list: about 0.2 ms per 1,000 entries). Above it,
-``oldest_pending_idle_seconds`` is the longest idle of the first :data:`PENDING_HEAD` only (a lower bound)."""
+``oldest_pending_idle_seconds`` is the longest idle of the first ``PENDING_HEAD`` only (a lower bound)."""
 
 
 def _longest_idle(
@@ -256,11 +255,11 @@ def _longest_idle(
 ) -> dict[int, int]:
     """Index in ``groups`` -> the longest idle time (ms) of the group's pending entries on that partition.
 
-    Entries are delivered in id order, but a claim (``XAUTOCLAIM``, ``XCLAIM``) or a read of a consumer's own
-    history delivers one again, so the longest idle is not the lowest id's. The first :data:`PENDING_HEAD` entries
-    come with their idle times (``answers["head"]``); a group with more pending has the rest read with ``XPENDING
-    <stream> <group> IDLE <longest so far + 1> (<last id read> + COUNT`` until a page comes back short: only entries
-    idle longer than any seen come back, and each page goes on from where the last ended (one walk of the list)."""
+    Entries are delivered in id order, but a claim (``XAUTOCLAIM``, ``XCLAIM``) or a read of a consumer's own history
+    delivers one again, so the longest idle is not the lowest id's. The first ``PENDING_HEAD`` entries come with their
+    idle times (``answers["head"]``); a group with more pending has the rest read with ``XPENDING <stream> <group> IDLE
+    <longest so far + 1> (<last id read> + COUNT`` until a page comes back short: only entries idle longer than any seen
+    come back, and each page goes on from where the last ended (one walk of the list)."""
     longest: dict[int, int] = {}
     # index -> (the id the next read starts after, the idle time (ms) it asks more than)
     scans: dict[int, tuple[str, int]] = {}
@@ -298,8 +297,8 @@ def _longest_idle(
 
 def status(client: Any, live_seconds: float) -> dict[str, Any]:
     """Per topic stream: committed, in_flight, oldest in-flight age, dead letters; per consumer group of each topic:
-    its lag (:func:`consumer_lag`); per producer group: live instances and pending check requests; live checker
-    instances. An instance is live if it beat within ``live_seconds``."""
+    its lag (``consumer_lag``); per producer group: live instances and pending check requests; live checker instances.
+    An instance is live if it beat within ``live_seconds``."""
     now = _server_ms(client)
     live_from = now - int(live_seconds * 1000)
     listed = registered_topics(client)
@@ -339,15 +338,15 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
 
 
 WRITE_JOBS_READ = 1000
-"""How many unsettled write jobs :func:`write_jobs` reads the record of."""
+"""How many unsettled write jobs ``write_jobs`` reads the record of."""
 
 
 def write_jobs(client: Any, now_ms: int) -> dict[str, Any]:
     """The Spark write jobs not settled yet (``txmq:jobs``): how many, how many of them (among the
-    :data:`WRITE_JOBS_READ` read) are decided and wait for their publishing to finish, the oldest one's age (since
-    its first lease, or its decision), and how many are parked for an operator (rows that cannot be published; their
-    reasons in ``parked_reasons``, at most ten). A job stays listed while its driver runs it; one left by a dead
-    driver is settled by ``txmq checker``."""
+    ``WRITE_JOBS_READ`` read) are decided and wait for their publishing to finish, the oldest one's age (since its first
+    lease, or its decision), and how many are parked for an operator (rows that cannot be published; their reasons in
+    ``parked_reasons``, at most ten). A job stays listed while its driver runs it; one left by a dead driver is settled
+    by ``txmq checker``."""
     listed = client.zrange(JOB_REGISTRY, 0, WRITE_JOBS_READ - 1)
     parked = client.zrangebyscore(JOB_REGISTRY, "+inf", "+inf", start=0, num=10)
     decided, starts, reasons = 0, [], []
@@ -467,8 +466,9 @@ def _glob_escape(text: str) -> str:
 
 def find_dead_transaction(client: Any, transaction_id: str, topic: str | None = None) -> tuple[TopicKeys, str]:
     """The topic and whole id of a dead-lettered transaction named by its id or by a unique prefix of its id (ids are
-    long to type). A whole id that is in flight or recently ended is found too, so that a repeated resolution gets
-    the first answer. Raises :class:`TransactionNotFoundError` when nothing, or more than one transaction, matches."""
+    long to type). A whole id that is in flight or recently ended is found too, so that a repeated resolution gets the
+    first answer. Raises [`TransactionNotFoundError`][redis_txmq.core.errors.TransactionNotFoundError] when nothing, or
+    more than one transaction, matches."""
     if topic is not None:
         validate_name(topic, "topic")
     where = f"topic {topic!r}" if topic else "any registered topic"
@@ -552,12 +552,12 @@ def resolve_dead_transaction(
     message) and what was resolved.
 
     A message of a transaction of several is never resolved alone: COMMIT or ROLLBACK first writes that transaction's
-    decision in its record (``lua/decide_transaction.lua``; the first decision stands, :class:`TransactionConflictError`
-    when it is the other one; the record outlives every dead letter of the transaction), then resolves every
-    dead-lettered message of the transaction by the record (a message whose send did not return is rolled back
-    whatever the decision); its messages still in flight are ended by the checker. RECHECK puts them all back in
-    flight. Running it again after a crash finishes the job: the decision is written once and each resolution is
-    idempotent."""
+    decision in its record (``lua/decide_transaction.lua``; the first decision stands,
+    [`TransactionConflictError`][redis_txmq.core.errors.TransactionConflictError] when it is the other one; the record
+    outlives every dead letter of the transaction), then resolves every dead-lettered message of the transaction by the
+    record (a message whose send did not return is rolled back whatever the decision); its messages still in flight are
+    ended by the checker. RECHECK puts them all back in flight. Running it again after a crash finishes the job: the
+    decision is written once and each resolution is idempotent."""
     client = broker.client
     resolution = move(State.DEAD_LETTERED, RESOLVES_TO[action])  # the table of states says where the action leads
     keys, whole_id = find_dead_transaction(client, transaction_id, topic)
@@ -629,7 +629,7 @@ def _unpin(
 def resolve_dead(
     broker: RedisBroker, transaction_id: str, action: DeadAction, topic: str | None = None, remark: str = ""
 ) -> tuple[TopicKeys, EndResult]:
-    """:func:`resolve_dead_transaction`, answering for the named message only."""
+    """``resolve_dead_transaction``, answering for the named message only."""
     _, resolved = resolve_dead_transaction(broker, transaction_id, action, topic, remark)
     return resolved[0].keys, resolved[0].result
 

@@ -1,8 +1,10 @@
 """The database side of a transactional message, on SQLAlchemy 2.x (sync and asyncio; ``redis-txmq[sqlalchemy]``).
 
-- :class:`TransactionLog`: one row per local transaction, written inside it by ``session.execute(log.record(tx))``;
-  ``checker=log.checker(engine)`` answers check-backs from it, safely (a fence row decides a race).
-- :class:`Inbox`: a consumer's effects applied once per message (``consumer.run(inbox.handler(...))``).
+- [`TransactionLog`][redis_txmq.sqlalchemy.transaction_log.TransactionLog]: one row per local transaction, written
+  inside it by ``session.execute(log.record(tx))``; ``checker=log.checker(engine)`` answers check-backs from it, safely
+  (a fence row decides a race).
+- [`Inbox`][redis_txmq.sqlalchemy.inbox.Inbox]: a consumer's effects applied once per message
+  (``consumer.run(inbox.handler(...))``).
 """
 
 try:

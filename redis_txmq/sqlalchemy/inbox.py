@@ -40,17 +40,16 @@ class Inbox(InboxRules):
     """A table of the messages each consumer group has applied, in the consumer's own database.
 
     Columns: ``consumer_group`` and ``message_id`` (the primary key; the message's transaction id), ``topic``,
-    ``processed_at``. The key is compared exactly on every database (``billing`` and ``Billing`` are two groups):
-    on MySQL / MariaDB its columns are ``VARBINARY``, not ``VARCHAR`` in the server's case-insensitive collation; a
-    table made by your migrations there needs binary key columns too. A group or id longer than its column is
-    refused, never truncated. What it decides without the database is
-    :class:`~redis_txmq.core.local_records.InboxRules`, shared with the Django inbox."""
+    ``processed_at``. The key is compared exactly on every database (``billing`` and ``Billing`` are two groups): on
+    MySQL / MariaDB its columns are ``VARBINARY``, not ``VARCHAR`` in the server's case-insensitive collation; a table
+    made by your migrations there needs binary key columns too. A group or id longer than its column is refused, never
+    truncated. What it decides without the database is ``InboxRules``, shared with the Django inbox."""
 
     _logger = logging.getLogger(__name__)
 
     def __init__(self, metadata: MetaData, *, table_name: str = "txmq_inbox") -> None:
         """The table in ``metadata``. Its declaration has the shape of the log's (keys, a topic, a time column): two
-        tables, each declared once; the rules they share are in :mod:`redis_txmq.core.local_records`."""
+        tables, each declared once; the rules they share are in ``redis_txmq.core.local_records``."""
         self.table = table_in(
             metadata,
             table_name,
@@ -67,8 +66,8 @@ class Inbox(InboxRules):
         return self._claimed(insert_once(session, self.table, values), consumer_group, message)
 
     async def claim_async(self, session: Any, consumer_group: str, message: ConsumedMessage) -> bool:
-        """:meth:`claim` on an ``AsyncSession`` or ``AsyncConnection`` (the same statements, through its
-        ``run_sync``)."""
+        """[`claim`][redis_txmq.sqlalchemy.inbox.Inbox.claim] on an ``AsyncSession`` or ``AsyncConnection`` (the same
+        statements, through its ``run_sync``)."""
         return bool(await session.run_sync(self.claim, consumer_group, message))
 
     def handler(
@@ -96,7 +95,8 @@ class Inbox(InboxRules):
         *,
         consumer_group: str,
     ) -> Callable[[ConsumedMessage], Awaitable[None]]:
-        """:meth:`handler` for the asyncio ``Consumer``: an ``async_sessionmaker`` and ``async def handle``."""
+        """[`handler`][redis_txmq.sqlalchemy.inbox.Inbox.handler] for the asyncio ``Consumer``: an
+        ``async_sessionmaker`` and ``async def handle``."""
 
         async def process(message: ConsumedMessage) -> None:
             async with session_factory() as session, session.begin():
@@ -113,7 +113,7 @@ class Inbox(InboxRules):
         return purge_rows(engine, self.table, self.table.c.processed_at, older_than, batch_size)
 
     async def purge_async(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
-        """:meth:`purge` on an ``AsyncEngine``."""
+        """[`purge`][redis_txmq.sqlalchemy.inbox.Inbox.purge] on an ``AsyncEngine``."""
         return await purge_rows_async(engine, self.table, self.table.c.processed_at, older_than, batch_size)
 
     def _check_lengths(self, values: dict[str, Any], what: str) -> None:

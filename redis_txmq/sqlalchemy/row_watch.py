@@ -1,4 +1,4 @@
-"""Where the transaction log's row stands in a SQLAlchemy session or connection (:mod:`redis_txmq.core.log_rows`).
+"""Where the transaction log's row stands in a SQLAlchemy session or connection (``redis_txmq.core.log_rows``).
 
 ``TransactionLog.record(tx)`` marks its INSERT with an execution option; two listeners, installed once for every
 session and engine of the process, see that statement run and attach a watch to the transaction:

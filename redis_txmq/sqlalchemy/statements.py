@@ -1,23 +1,23 @@
 """What the transaction log and the inbox send to the database, and how each effect of their steps
-(:mod:`redis_txmq.core.local_records`) is run: on a connection of its own from the engine, by one sync function for both
-APIs — the asyncio methods hand it the sync face of their ``AsyncConnection`` / ``AsyncSession`` (``run_sync``), so
-the sync and asyncio methods of :class:`~redis_txmq.sqlalchemy.TransactionLog` and
-:class:`~redis_txmq.sqlalchemy.Inbox` are written once.
+(``redis_txmq.core.local_records``) is run: on a connection of its own from the engine, by one sync function for both
+APIs — the asyncio methods hand it the sync face of their ``AsyncConnection`` / ``AsyncSession`` (``run_sync``), so the
+sync and asyncio methods of [`TransactionLog`][redis_txmq.sqlalchemy.transaction_log.TransactionLog] and
+[`Inbox`][redis_txmq.sqlalchemy.inbox.Inbox] are written once.
 
-A row that must be written at most once ("insert if absent") is one statement where the dialect has one
-(PostgreSQL and SQLite ``ON CONFLICT DO NOTHING``, MySQL / MariaDB ``INSERT IGNORE``); elsewhere a plain INSERT
-inside a SAVEPOINT, whose unique-constraint error means "already there". ``INSERT IGNORE`` also turns a value too
-long for its column into a truncated one, so every value is checked against its column's length first
-(:func:`check_lengths`): two long names sharing a prefix must not share a row.
+A row that must be written at most once ("insert if absent") is one statement where the dialect has one (PostgreSQL and
+SQLite ``ON CONFLICT DO NOTHING``, MySQL / MariaDB ``INSERT IGNORE``); elsewhere a plain INSERT inside a SAVEPOINT,
+whose unique-constraint error means "already there". ``INSERT IGNORE`` also turns a value too long for its column into a
+truncated one, so every value is checked against its column's length first (``check_lengths``): two long names sharing a
+prefix must not share a row.
 
-Keys are compared byte for byte on every database (:class:`Key`): MySQL and MariaDB compare ``VARCHAR`` in the
-server's collation, usually case- and accent-insensitive and padding trailing spaces, so ``billing`` and ``Billing``
-would be one consumer group there.
+Keys are compared byte for byte on every database (``Key``): MySQL and MariaDB compare ``VARCHAR`` in the server's
+collation, usually case- and accent-insensitive and padding trailing spaces, so ``billing`` and ``Billing`` would be one
+consumer group there.
 
-Purging deletes in batches (:class:`Purge`): the keys of at most ``batch_size`` old rows are read, then those rows
-deleted by key in a short transaction of their own. One large ``DELETE ... WHERE recorded_at < ...`` at MySQL's
-REPEATABLE READ locks the range it scans (the whole table when it scans it all), so a concurrent insert of a new row
-waited for the purge to end; a delete by primary key locks only the rows it deletes.
+Purging deletes in batches (``Purge``): the keys of at most ``batch_size`` old rows are read, then those rows deleted by
+key in a short transaction of their own. One large ``DELETE ... WHERE recorded_at < ...`` at MySQL's REPEATABLE READ
+locks the range it scans (the whole table when it scans it all), so a concurrent insert of a new row waited for the
+purge to end; a delete by primary key locks only the rows it deletes.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def timestamp() -> DateTime:
 
 
 def insert_if_absent(table: Table, dialect_name: str, values: dict[str, Any]) -> Insert | None:
-    """One statement that writes the row unless its key is taken (:func:`was_written` tells which); None for a
+    """One statement that writes the row unless its key is taken (``was_written`` tells which); None for a
     dialect without one: the caller inserts in a SAVEPOINT instead. PostgreSQL and SQLite return the written key
     (RETURNING): psycopg 3 reports no row count for these statements."""
     key = list(table.primary_key.columns)[0]
@@ -96,7 +96,7 @@ def insert_if_absent(table: Table, dialect_name: str, values: dict[str, Any]) ->
 
 
 def was_written(result: Any) -> bool:
-    """Whether an :func:`insert_if_absent` statement wrote its row."""
+    """Whether an ``insert_if_absent`` statement wrote its row."""
     if result.returns_rows:
         return result.first() is not None
     return bool(result.rowcount == 1)
@@ -117,7 +117,7 @@ def insert_once(executor: Any, table: Table, values: dict[str, Any]) -> bool:
 
 
 def check_lengths(table: Table, values: dict[str, Any], what: str) -> None:
-    """:func:`redis_txmq.core.local_records.check_lengths` against ``table``'s columns."""
+    """``redis_txmq.core.local_records.check_lengths`` against ``table``'s columns."""
     local_records.check_lengths(values, lambda name: getattr(table.c[name].type, "length", None), table.name, what)
 
 
@@ -141,7 +141,7 @@ def on_own_connection(engine: Any, perform: Callable[[Any, Any], Any]) -> Callab
 
 
 def on_own_connection_async(engine: Any, perform: Callable[[Any, Any], Any]) -> Callable[[Any], Awaitable[Any]]:
-    """:func:`on_own_connection` on an ``AsyncEngine``: ``perform`` gets the sync face of the ``AsyncConnection``
+    """``on_own_connection`` on an ``AsyncEngine``: ``perform`` gets the sync face of the ``AsyncConnection``
     (``run_sync``), so the statements of an effect are written once for both."""
 
     async def each(effect: Any) -> Any:
@@ -152,9 +152,9 @@ def on_own_connection_async(engine: Any, perform: Callable[[Any, Any], Any]) -> 
 
 
 class Purge:
-    """The statements of a purge in batches (:func:`redis_txmq.core.local_records.purge_steps`): :attr:`batch` reads the
-    keys of up to ``batch_size`` rows older than the cutoff (a plain read, no locks), :meth:`delete` deletes those
-    rows by key (still older than the cutoff: a key written again since is kept)."""
+    """The statements of a purge in batches (``redis_txmq.core.local_records.purge_steps``): ``batch`` reads the
+    keys of up to ``batch_size`` rows older than the cutoff (a plain read, no locks), ``delete`` deletes those rows by
+    key (still older than the cutoff: a key written again since is kept)."""
 
     def __init__(self, table: Table, time_column: Column[Any], older_than: timedelta, batch_size: int) -> None:
         check_purge(older_than, batch_size)
@@ -170,7 +170,7 @@ class Purge:
         return delete(self.table).where(tuple_(*self.keys).in_([tuple(key) for key in keys]), self.old)
 
     def perform(self, connection: Any, effect: Any) -> Any:
-        """An effect of :func:`redis_txmq.core.local_records.purge_steps` on a sync ``Connection``."""
+        """An effect of ``redis_txmq.core.local_records.purge_steps`` on a sync ``Connection``."""
         if isinstance(effect, OldKeys):
             return list(connection.execute(self.batch).all())
         with connection.begin():
@@ -179,7 +179,7 @@ class Purge:
 
 def purge_rows(engine: Any, table: Table, time_column: Column[Any], older_than: timedelta, batch_size: int) -> int:
     """Delete the rows of ``table`` whose ``time_column`` is more than ``older_than`` ago, in batches
-    (:class:`Purge`), on a sync ``Engine``; returns how many."""
+    (``Purge``), on a sync ``Engine``; returns how many."""
     statements = Purge(table, time_column, older_than, batch_size)
     return run(purge_steps(batch_size), on_own_connection(engine, statements.perform))
 
@@ -187,7 +187,7 @@ def purge_rows(engine: Any, table: Table, time_column: Column[Any], older_than: 
 async def purge_rows_async(
     engine: Any, table: Table, time_column: Column[Any], older_than: timedelta, batch_size: int
 ) -> int:
-    """:func:`purge_rows` on an ``AsyncEngine``."""
+    """``purge_rows`` on an ``AsyncEngine``."""
     statements = Purge(table, time_column, older_than, batch_size)
     return await run_async(purge_steps(batch_size), on_own_connection_async(engine, statements.perform))
 

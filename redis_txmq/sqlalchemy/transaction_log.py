@@ -21,8 +21,9 @@ half message's stream entry id (Redis's clock) against this process's clock; ske
 lengthens the bound by as much, never more.
 
 Retention: a row is needed while a check-back can still ask about its transaction, which is at most the checker's
-``max_age`` (72 h by default; after it the transaction is dead-lettered). :meth:`TransactionLog.purge` deletes rows
-older than a window you give; keep it above ``max_age`` (with the default, 7 days is a safe choice).
+``max_age`` (72 h by default; after it the transaction is dead-lettered).
+[`TransactionLog.purge`][redis_txmq.sqlalchemy.transaction_log.TransactionLog.purge] deletes rows older than a window
+you give; keep it above ``max_age`` (with the default, 7 days is a safe choice).
 """
 
 from __future__ import annotations
@@ -72,12 +73,11 @@ class TransactionLog(TransactionLogRules):
     """A table of committed local transactions in the service's own database, and the check-back that reads it.
 
     ``metadata`` is the service's SQLAlchemy ``MetaData`` (create the table with it, or with your migrations: the
-    columns are ``transaction_id`` (primary key, compared exactly: ``VARBINARY(256)`` on MySQL / MariaDB),
-    ``topic``, ``state`` and ``recorded_at``). ``lock_timeout_seconds`` bounds a fence's wait on a row a running
-    local transaction holds (PostgreSQL's ``lock_timeout``, MySQL / MariaDB's ``innodb_lock_wait_timeout`` in whole
-    seconds, set for the fence only; SQLite waits its own busy timeout). What it decides without the database
-    (the rules above, the handles open in this process) is :class:`~redis_txmq.core.local_records.TransactionLogRules`,
-    shared with the Django log."""
+    columns are ``transaction_id`` (primary key, compared exactly: ``VARBINARY(256)`` on MySQL / MariaDB), ``topic``,
+    ``state`` and ``recorded_at``). ``lock_timeout_seconds`` bounds a fence's wait on a row a running local transaction
+    holds (PostgreSQL's ``lock_timeout``, MySQL / MariaDB's ``innodb_lock_wait_timeout`` in whole seconds, set for the
+    fence only; SQLite waits its own busy timeout). What it decides without the database (the rules above, the handles
+    open in this process) is ``TransactionLogRules``, shared with the Django log."""
 
     _LOCK_ERRORS = (OperationalError,)
     _logger = logging.getLogger(__name__)
@@ -113,9 +113,9 @@ class TransactionLog(TransactionLogRules):
         (it was taken for rolled back): the local transaction must then roll back, as the handle does.
 
         Committed means the outermost transaction committed: executed in a savepoint (``begin_nested()``) or in a
-        transaction still open when the block ends, the handle's COMMIT waits for the session's outermost commit
-        (on a Core ``Connection``, for the check-back); a rollback of the row rolls the message back
-        (:mod:`redis_txmq.sqlalchemy.row_watch`). A bare transaction id is not followed so."""
+        transaction still open when the block ends, the handle's COMMIT waits for the session's outermost commit (on a
+        Core ``Connection``, for the check-back); a rollback of the row rolls the message back
+        (``redis_txmq.sqlalchemy.row_watch``). A bare transaction id is not followed so."""
         values = self._committed_values(*self._identify(transaction, topic))
         statement = insert(self.table).values(**values, recorded_at=utc_now())
         if isinstance(transaction, str):
@@ -129,7 +129,7 @@ class TransactionLog(TransactionLogRules):
         return run(steps, on_own_connection(engine, self._perform))
 
     async def check_async(self, engine: Any, message: Message) -> LocalTransactionState:
-        """:meth:`check` on an ``AsyncEngine``."""
+        """[`check`][redis_txmq.sqlalchemy.transaction_log.TransactionLog.check] on an ``AsyncEngine``."""
         steps = self._check_steps(self._transaction_id(message), message)
         return await run_async(steps, on_own_connection_async(engine, self._perform))
 
@@ -155,11 +155,11 @@ class TransactionLog(TransactionLogRules):
         return purge_rows(engine, self.table, self.table.c.recorded_at, older_than, batch_size)
 
     async def purge_async(self, engine: Any, older_than: timedelta, *, batch_size: int = PURGE_BATCH_SIZE) -> int:
-        """:meth:`purge` on an ``AsyncEngine``."""
+        """[`purge`][redis_txmq.sqlalchemy.transaction_log.TransactionLog.purge] on an ``AsyncEngine``."""
         return await purge_rows_async(engine, self.table, self.table.c.recorded_at, older_than, batch_size)
 
     def _perform(self, connection: Any, effect: Any) -> Any:
-        """An effect of :meth:`_check_steps` on a sync ``Connection``."""
+        """An effect of ``_check_steps`` on a sync ``Connection``."""
         if isinstance(effect, StateOf):
             return connection.execute(self._state_of(effect.transaction_id)).scalar_one_or_none()
         return self._fence(connection, {**effect.values, "recorded_at": utc_now()})

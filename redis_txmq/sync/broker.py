@@ -2,12 +2,12 @@
 # Edit the asyncio source and run `python scripts/unasync.py` (CI fails when this file is stale).
 """The transaction log on Redis: every state change of a transaction is one call of one Lua script.
 
-Producer, checker and operator commands all end transactions through :meth:`RedisBroker.end_transaction`
-(``lua/end_transaction.lua``), so there is one commit path to read and to trust. This is the I/O shell: what is sent
-and how replies are read lives in :mod:`redis_txmq.core.protocol`. The asyncio broker's module is the source; the sync
-one's (``redis_txmq/sync/broker.py``, used by the checker and the operator commands too) is generated from it by
-``scripts/unasync.py``. The send path's calls go through a script runner of the wire (``direct`` for the sync
-broker, ``lane`` for the asyncio one), which writes a durability level's confirmation with them.
+Producer, checker and operator commands all end transactions through ``RedisBroker.end_transaction``
+(``lua/end_transaction.lua``), so there is one commit path to read and to trust. This is the I/O shell: what is sent and
+how replies are read lives in ``redis_txmq.core.protocol``. The asyncio broker's module is the source; the sync one's
+(``redis_txmq/sync/broker.py``, used by the checker and the operator commands too) is generated from it by
+``scripts/unasync.py``. The send path's calls go through a script runner of the wire (``direct`` for the sync broker,
+``lane`` for the asyncio one), which writes a durability level's confirmation with them.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ __all__ = [
     "EndSource",
     "PrepareResult",
 ]
-"""The result types live in :mod:`redis_txmq.core.protocol`; they are importable from here too."""
+"""The result types live in ``redis_txmq.core.protocol``; they are importable from here too."""
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ class RedisBroker:
         self.runner.close()
 
     def load_scripts(self) -> None:
-        """Load the scripts into Redis; raises :class:`TxMQConnectionError` when Redis cannot be reached."""
+        """Load the scripts into Redis; raises [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] when
+        Redis cannot be reached."""
         try:
             preload(
                 self._prepare,
@@ -108,8 +109,9 @@ class RedisBroker:
     def check_durability(self) -> None:
         """Refuse a durability level the server cannot give (``aof`` before Redis 7.2 or without an append-only
         file), at start rather than on every send; warn when fewer replicas than asked are connected now. A cluster
-        master that cannot be reached is skipped with a warning (one master down must not stop a producer or a
-        checker from serving the others); raises :class:`TxMQConnectionError` only when no server answered."""
+        master that cannot be reached is skipped with a warning (one master down must not stop a producer or a checker
+        from serving the others); raises [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError] only when
+        no server answered."""
         if self.durability is None:
             return
         try:
@@ -170,7 +172,7 @@ class RedisBroker:
         return keys.scheduled_script_keys() if self._wake_in_script else keys.script_keys()
 
     def _wake(self, keys: TopicKeys, score: str, transaction_id: str) -> None:
-        """Wake the topic in the checkers' schedule (:data:`~redis_txmq.core.keys.SCHEDULE`) where the script could not
+        """Wake the topic in the checkers' schedule (``SCHEDULE``) where the script could not
         (Cluster: another hash slot), after the script ran, scored at the script's time: a look made after the
         script sees the transaction; one made before it is older than that score, and its write to the schedule
         keeps it (``lua/schedule_topics.lua``). Not written (Redis unreachable, the process gone), a checker's full
@@ -257,8 +259,9 @@ class RedisBroker:
         """Apply many ends at once (a one-way producer's flusher, a checker's batch of answers, the messages of a
         transaction of several); each script stays atomic.
 
-        Returns, in order, the :class:`EndResult` or the :class:`TxMQError` of each end; a connection
-        failure of the whole batch is raised as :class:`TxMQConnectionError`."""
+        Returns, in order, the ``EndResult`` or the [`TxMQError`][redis_txmq.core.errors.TxMQError] of each end; a
+        connection failure of the whole batch is raised as
+        [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError]."""
         calls = [(self._end, end.keys.script_keys(), protocol.end_args(end, self.settings)) for end in ends]
         try:
             replies = self.runner.run_many(calls)

@@ -4,10 +4,10 @@
 
 Every live producer instance of a group reads the group's check-request stream through one consumer group, so each
 request goes to one instance; ``listener.check_local_transaction`` runs on a bounded pool of workers (tasks of the
-asyncio producer, threads of the sync one) and the answer goes to the reply stream, which the checkers apply with
-the same end script as the producer. A request left unanswered by an instance that died is taken over by another
-one after ``claim_idle``. What a request is and how it is finished lives in :mod:`redis_txmq.core.check_requests`; the
-asyncio handler's module is the source, the sync one's is generated from it by ``scripts/unasync.py``.
+asyncio producer, threads of the sync one) and the answer goes to the reply stream, which the checkers apply with the
+same end script as the producer. A request left unanswered by an instance that died is taken over by another one after
+``claim_idle``. What a request is and how it is finished lives in ``redis_txmq.core.check_requests``; the asyncio
+handler's module is the source, the sync one's is generated from it by ``scripts/unasync.py``.
 """
 
 from __future__ import annotations

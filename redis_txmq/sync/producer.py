@@ -2,10 +2,9 @@
 # Edit the asyncio source and run `python scripts/unasync.py` (CI fails when this file is stale).
 """The transactional producer (RocketMQ's TransactionMQProducer).
 
-The steps of a send (:mod:`redis_txmq.core.sending`), the scripts' arguments and replies
-(:mod:`redis_txmq.core.protocol`) and the check-request format (:mod:`redis_txmq.core.check_requests`) are written once;
-this module does the I/O between them. The asyncio producer's module is the source, the sync one's is generated from it
-by ``scripts/unasync.py``.
+The steps of a send (``redis_txmq.core.sending``), the scripts' arguments and replies (``redis_txmq.core.protocol``) and
+the check-request format (``redis_txmq.core.check_requests``) are written once; this module does the I/O between them.
+The asyncio producer's module is the source, the sync one's is generated from it by ``scripts/unasync.py``.
 
 On asyncio, cancellation is an outcome, never a loss: cancelled before the half message is written, nothing is
 written; during the local transaction, the transaction stays in flight for the check-back (never a blind COMMIT or
@@ -59,16 +58,17 @@ class TransactionProducer:
     Pass ``redis_url`` or ``client`` (a ``redis.Redis`` or ``redis.cluster.RedisCluster`` with
     ``decode_responses=False``); with neither, ``TXMQ_REDIS_URL`` or the default URL is used. The sync producer is
     thread-safe: one producer may be shared by the threads of a service. The asyncio producer takes an asyncio
-    :class:`TransactionListener` or a sync one (its methods run in a thread), or only ``checker=`` for a producer
-    used through :meth:`transaction` handles.
+    ``TransactionListener`` or a sync one (its methods run in a thread), or only ``checker=`` for a producer used
+    through [`transaction`][redis_txmq.sync.producer.TransactionProducer.transaction] handles.
 
-    With ``oneway_end=True`` a send returns right after the local transaction and the end call is queued
-    for a background flusher that pipelines them (RocketMQ's ``endTransactionOneway``); :meth:`flush`
-    waits until they are applied and :meth:`shutdown` flushes. An end lost with the process is resolved by
-    the check-back, as any end that never arrived.
+    With ``oneway_end=True`` a send returns right after the local transaction and the end call is queued for a
+    background flusher that pipelines them (RocketMQ's ``endTransactionOneway``);
+    [`flush`][redis_txmq.sync.producer.TransactionProducer.flush] waits until they are applied and
+    [`shutdown`][redis_txmq.sync.producer.TransactionProducer.shutdown] flushes. An end lost with the process is
+    resolved by the check-back, as any end that never arrived.
 
-    ``durability`` (``"master"``, ``"replica"`` or ``"aof"``) overrides ``settings.durability`` for this producer:
-    what a prepare and an end wait for before they count as done (:mod:`redis_txmq.core.durability`).
+    ``durability`` (``"master"``, ``"replica"`` or ``"aof"``) overrides ``settings.durability`` for this producer: what
+    a prepare and an end wait for before they count as done (``redis_txmq.core.durability``).
     """
 
     def __init__(
@@ -112,7 +112,8 @@ class TransactionProducer:
 
     def start(self) -> TransactionProducer:
         """Load the scripts and begin accepting sends and serving check requests. Idempotent while running; a
-        shut-down producer cannot restart. Raises :class:`TxMQConnectionError` when Redis cannot be reached."""
+        shut-down producer cannot restart. Raises [`TxMQConnectionError`][redis_txmq.core.errors.TxMQConnectionError]
+        when Redis cannot be reached."""
         with self._lock:
             if self._state == _State.SHUT_DOWN:
                 raise ProducerStateError(
@@ -182,9 +183,10 @@ class TransactionProducer:
         The send works on its own copy of ``message`` (the listener receives that copy, with ``transaction_id``
         set); the caller's object is left unchanged, so concurrent sends may share one ``Message``.
 
-        Raises :class:`InvalidMessageError` (nothing written) or :class:`PrepareError` (the local transaction
-        did not run). Once the local transaction has run, the result is always returned: a failed end call is
-        logged and reported in ``end_error``, and the check-back resolves the transaction.
+        Raises [`InvalidMessageError`][redis_txmq.core.errors.InvalidMessageError] (nothing written) or
+        [`PrepareError`][redis_txmq.core.errors.PrepareError] (the local transaction did not run). Once the local
+        transaction has run, the result is always returned: a failed end call is logged and reported in ``end_error``,
+        and the check-back resolves the transaction.
         """
         if isinstance(self.listener, CheckerListener):
             self.listener.execute_local_transaction(message, arg)
@@ -211,9 +213,9 @@ class TransactionProducer:
 
     def send_messages_in_transaction(self, messages: list[Message], arg: Any = None) -> list[TransactionSendResult]:
         """Several messages, possibly on several topics, in one transaction: all become visible, each once, or
-        none. Their half messages are written first (:class:`PrepareError`: the local transaction did not run,
-        and those written are rolled back), then the listener runs once with the first message carrying the
-        transaction's id; the check-back asks about that id. Returns one result per message, in order."""
+        none. Their half messages are written first ([`PrepareError`][redis_txmq.core.errors.PrepareError]: the local
+        transaction did not run, and those written are rolled back), then the listener runs once with the first message
+        carrying the transaction's id; the check-back asks about that id. Returns one result per message, in order."""
         if not messages:
             raise InvalidMessageError(f"producer group {self.producer_group!r}: no messages to send")
         if isinstance(self.listener, CheckerListener):

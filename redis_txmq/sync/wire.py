@@ -3,12 +3,12 @@
 """The wire: commands written on one connection in one write, the replies read back one by one.
 
 Every writer that sends more than one command at a time goes through here: the sync send path's script runner
-(:mod:`redis_txmq.transport.direct`), the asyncio lane (``redis_txmq/asyncio/lane.py``), the one-way flusher (through
-the broker's runner) and the Spark writer's stage writes. With a durability level (:mod:`redis_txmq.core.durability`)
-the confirming ``WAIT`` / ``WAITAOF`` goes in the same write, after the commands, and its reply is read with theirs:
-one wait confirms every command of the write. A write that had to be sent again (a connection error) cannot be
-confirmed: the repeat of an idempotent script writes nothing, so a ``WAIT`` after it proves nothing about the first;
-the confirmation is then None. The asyncio wire's module is the source; the sync one's is generated from it by
+(``redis_txmq.transport.direct``), the asyncio lane (``redis_txmq/asyncio/lane.py``), the one-way flusher (through the
+broker's runner) and the Spark writer's stage writes. With a durability level (``redis_txmq.core.durability``) the
+confirming ``WAIT`` / ``WAITAOF`` goes in the same write, after the commands, and its reply is read with theirs: one
+wait confirms every command of the write. A write that had to be sent again (a connection error) cannot be confirmed:
+the repeat of an idempotent script writes nothing, so a ``WAIT`` after it proves nothing about the first; the
+confirmation is then None. The asyncio wire's module is the source; the sync one's is generated from it by
 ``scripts/unasync.py``.
 """
 
@@ -36,11 +36,11 @@ def exchange(
     connect_first: bool = False,
 ) -> tuple[list[Any], Any]:
     """Write every command at once (and the durability command), then read each reply: a refused command's error
-    takes its reply's place, and so does the :class:`~redis_txmq.core.batching.UnsendableCallError` of a command that
-    cannot be packed (an argument UTF-8 cannot encode), which is left out of the write: one caller's bad text never
-    fails the others' commands. Returns the replies and the confirmation's reply (None without a durability level;
-    its error, if the server refused it). ``connect_first``: redis-py reconnects lazily in ``send_packed_command``,
-    past the override by which a Sentinel-managed connection asks the Sentinels for the master."""
+    takes its reply's place, and so does the ``UnsendableCallError`` of a command that cannot be packed (an argument
+    UTF-8 cannot encode), which is left out of the write: one caller's bad text never fails the others' commands.
+    Returns the replies and the confirmation's reply (None without a durability level; its error, if the server refused
+    it). ``connect_first``: redis-py reconnects lazily in ``send_packed_command``, past the override by which a
+    Sentinel-managed connection asks the Sentinels for the master."""
     if connect_first:
         conn.connect()
     written = [*commands, durability.command] if durability is not None else commands
@@ -83,7 +83,7 @@ def exchange_with_retry(
     durability: Durability | None,
     connect_first: bool = False,
 ) -> tuple[list[Any], Any]:
-    """:func:`exchange` under the connection's retry policy, and once more on a new socket after a connection error:
+    """``exchange`` under the connection's retry policy, and once more on a new socket after a connection error:
     a socket the server closed while it sat idle (``timeout`` setting, restart, failover) shows only when used. Only
     for idempotent commands (every script of this library is), so a second attempt applies nothing twice; the
     confirmation is None when the commands were sent more than once."""
@@ -114,7 +114,7 @@ def run_scripts(
     durability: Durability | None,
     connect_first: bool = False,
 ) -> tuple[list[Any], Any]:
-    """EVALSHA of every call in one write (:func:`exchange_with_retry`); the calls of a script the server does not
+    """EVALSHA of every call in one write (``exchange_with_retry``); the calls of a script the server does not
     have (NOSCRIPT: a restart, a failover, ``SCRIPT FLUSH``) are sent again after a ``SCRIPT LOAD`` of it in one
     more write, so that a second try of that write on a new socket (which may reach a new master) loads it there
     too. Returns the replies (a refused call's error in its place) and the confirmation (None when it cannot

@@ -39,7 +39,7 @@ def hiredis_packer(connection_kwargs: dict[str, Any]) -> Callable[[tuple[Any, ..
 
 
 def pack_commands(conn: Any, pack: Callable[[tuple[Any, ...]], bytes] | None, commands: Any) -> bytes:
-    """The commands as one write for ``conn``: packed by hiredis (``pack``, from :func:`hiredis_packer`) or by the
+    """The commands as one write for ``conn``: packed by hiredis (``pack``, from ``hiredis_packer``) or by the
     connection itself."""
     packed: list[bytes] = []
     for command in commands:
@@ -52,7 +52,7 @@ def pack_commands(conn: Any, pack: Callable[[tuple[Any, ...]], bytes] | None, co
 
 def connect(redis_url: str, *, cluster: bool = False, asyncio: bool = False, **kwargs: Any) -> Any:
     """A binary-safe client (bodies are bytes) for ``redis://``, ``rediss://``, ``unix://`` or
-    ``redis+sentinel://`` URLs (:mod:`redis_txmq.transport.sentinel`), from ``redis`` or (``asyncio=True``)
+    ``redis+sentinel://`` URLs (``redis_txmq.transport.sentinel``), from ``redis`` or (``asyncio=True``)
     ``redis.asyncio``; ``kwargs`` (a password, timeouts...) override the URL."""
     if is_sentinel_url(redis_url):
         if cluster:
@@ -120,7 +120,7 @@ def server_info(node: Any, *sections: str) -> dict[str, Any]:
 
 
 async def async_server_nodes(client: Any) -> list[tuple[str, Any]]:
-    """:func:`server_nodes` of a ``redis.asyncio`` client: ``(address, node)`` for :func:`async_server_info`. A
+    """``server_nodes`` of a ``redis.asyncio`` client: ``(address, node)`` for ``async_server_info``. A
     cluster client learns its masters on its first command: it is initialized first, or none would be listed."""
     if not is_async_cluster(client):
         pool = client.connection_pool
@@ -135,7 +135,7 @@ async def async_server_nodes(client: Any) -> list[tuple[str, Any]]:
 
 
 async def async_server_info(node: Any, *sections: str) -> dict[str, Any]:
-    """:func:`server_info` of a node of :func:`async_server_nodes`."""
+    """``server_info`` of a node of ``async_server_nodes``."""
     client, options = node
     info: dict[str, Any] = {}
     try:
@@ -148,7 +148,7 @@ async def async_server_info(node: Any, *sections: str) -> dict[str, Any]:
 
 
 PIPELINE_CHUNK = 500
-"""Items per pipeline of :func:`pipeline_each` (a few commands each)."""
+"""Items per pipeline of ``pipeline_each`` (a few commands each)."""
 
 
 def pipeline_each(

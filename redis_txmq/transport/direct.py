@@ -1,26 +1,27 @@
 """Runs the transaction scripts by SHA with the least client-side work: the send path's fast lane.
 
-Sync only, and not generated: a sync send uses a connection of its own per sending thread, where the asyncio
-shell coalesces concurrent calls into shared pipelines (:mod:`redis_txmq.asyncio.lane`); the two keep the same
-surface (``run``, ``run_many``, ``close``) and write through the same wire (:mod:`redis_txmq.sync.wire`).
+Sync only, and not generated: a sync send uses a connection of its own per sending thread, where the asyncio shell
+coalesces concurrent calls into shared pipelines (``redis_txmq.asyncio.lane``); the two keep the same surface (``run``,
+``run_many``, ``close``) and write through the same wire (``redis_txmq.sync.wire``).
 
-redis-py's generic command path (pool checkout with a readiness poll, observability hooks, response
-callbacks) costs about as much Python time as the round trip itself. A send is two script calls, so on
-a standalone Redis :class:`ScriptRunner` keeps its own connections (made like the client's, one per thread
-that is sending at the same moment, never counted against the client's pool) and does only pack, send and
-read. The semantics stay redis-py's: the connection's retry policy on connection errors, NOSCRIPT answered
-by loading the script and calling again, reply errors raised as ``redis.ResponseError``.
+redis-py's generic command path (pool checkout with a readiness poll, observability hooks, response callbacks) costs
+about as much Python time as the round trip itself. A send is two script calls, so on a standalone Redis
+``ScriptRunner`` keeps its own connections (made like the client's, one per thread that is sending at the same moment,
+never counted against the client's pool) and does only pack, send and read. The semantics stay redis-py's: the
+connection's retry policy on connection errors, NOSCRIPT answered by loading the script and calling again, reply errors
+raised as ``redis.ResponseError``.
 
 A single-connection client or an unusual pool goes through redis-py's ``Script`` objects and pipelines instead:
 the same results, without the shortcut. On a Redis Cluster a call runs in the lane of the master that owns its
 slot (a batch is split by master); a redirection or an unreachable master sends it through redis-py's cluster
 client, which follows MOVED / ASK and refreshes its view of the cluster.
 
-With a durability level (:mod:`redis_txmq.core.durability`) the confirming ``WAIT`` / ``WAITAOF`` goes in the same write
-as the scripts, on the same connection (on a cluster: the lane of the master that ran them), and its reply is read
-with theirs. A call whose confirmation falls short raises :class:`~redis_txmq.core.errors.DurabilityError` carrying the
-replies. A call that had to be sent again (a connection error, a redirection) cannot be confirmed: the repeat of an
-idempotent script writes nothing, so a ``WAIT`` after it proves nothing about the first; it raises that error too.
+With a durability level (``redis_txmq.core.durability``) the confirming ``WAIT`` / ``WAITAOF`` goes in the same write as
+the scripts, on the same connection (on a cluster: the lane of the master that ran them), and its reply is read with
+theirs. A call whose confirmation falls short raises [`DurabilityError`][redis_txmq.core.errors.DurabilityError]
+carrying the replies. A call that had to be sent again (a connection error, a redirection) cannot be confirmed: the
+repeat of an idempotent script writes nothing, so a ``WAIT`` after it proves nothing about the first; it raises that
+error too.
 """
 
 from __future__ import annotations
@@ -59,14 +60,14 @@ _FALL_BACK = (*REDIRECTIONS, RedisClusterException, redis.ConnectionError, redis
 
 
 class ScriptRunner:
-    """Calls redis-py ``Script`` objects one at a time (:meth:`run`) or in one pipeline (:meth:`run_many`).
+    """Calls redis-py ``Script`` objects one at a time (``run``) or in one pipeline (``run_many``).
 
-    Thread-safe. :meth:`close` releases the connections it made."""
+    Thread-safe. ``close`` releases the connections it made."""
 
     def __init__(
         self, client: Any, run_scripts: RunScripts, *, direct: bool = True, durability: Durability | None = None
     ) -> None:
-        """``run_scripts``: the sync wire's (:func:`redis_txmq.sync.wire.run_scripts`), given by the caller so that
+        """``run_scripts``: the sync wire's (``redis_txmq.sync.wire.run_scripts``), given by the caller so that
         this module, below the generated shells, does not import them. ``direct=False`` always takes redis-py's
         path (``txmq bench`` measures what the shortcut is worth)."""
         self.client = client
@@ -125,9 +126,8 @@ class ScriptRunner:
         return self._run_direct(calls, raise_on_error)
 
     def _run_direct(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
-        """On the runner's own connection: one write, every reply read (:func:`redis_txmq.sync.wire.run_scripts`); the
-        prepares, or ends, of one topic partition as one call of their batch script
-        (:mod:`redis_txmq.core.batching`)."""
+        """On the runner's own connection: one write, every reply read (``redis_txmq.sync.wire.run_scripts``); the
+        prepares, or ends, of one topic partition as one call of their batch script (``redis_txmq.core.batching``)."""
         written, spans = coalesce(calls, self._batched)
         conn = self._acquire()
         healthy = False
@@ -159,8 +159,8 @@ class ScriptRunner:
             runner.close()
 
     def _confirm(self, replies: list[Any], waited: Any) -> None:
-        """Raise :class:`DurabilityError` (with the replies) when the level asks for a confirmation and ``waited``,
-        the reply of its command (None: none could be had), falls short."""
+        """Raise [`DurabilityError`][redis_txmq.core.errors.DurabilityError] (with the replies) when the level asks for
+        a confirmation and ``waited``, the reply of its command (None: none could be had), falls short."""
         durability = self.durability
         if durability is None or durability.confirmed(waited):
             return

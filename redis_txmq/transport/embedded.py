@@ -33,7 +33,8 @@ QUICK_REPLICA_SYNC = ("--repl-diskless-sync-delay", "0")
 
 
 def wait_for_ping(url: str, deadline_seconds: float = 10.0) -> None:
-    """Return once the server at ``url`` answers PING; raise :class:`TxMQError` at the deadline."""
+    """Return once the server at ``url`` answers PING; raise [`TxMQError`][redis_txmq.core.errors.TxMQError] at the
+    deadline."""
     deadline = time.monotonic() + deadline_seconds
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -187,8 +188,8 @@ def _cluster_port(taken: list[int]) -> int:
 
 class LocalCluster:
     """A throwaway Redis Cluster of ``masters`` masters with ``replicas`` replicas each (nothing kept on disk but
-    each node's cluster config file) on free ports. :meth:`kill` crashes a node (SIGKILL) and :meth:`restart` brings
-    it back with its cluster identity, so a killed master returns as a replica of the one that replaced it."""
+    each node's cluster config file) on free ports. ``kill`` crashes a node (SIGKILL) and ``restart`` brings it back
+    with its cluster identity, so a killed master returns as a replica of the one that replaced it."""
 
     def __init__(self, masters: int = 3, replicas: int = 0, node_timeout_ms: int | None = None) -> None:
         found = server_binary()
@@ -218,7 +219,7 @@ class LocalCluster:
 
     def _start_first(self, index: int) -> None:
         """Start node ``index`` on its port, or on another free one when that port was taken meanwhile (by another
-        process between the choice and the start: the node cannot listen), as :class:`EmbeddedRedis` does."""
+        process between the choice and the start: the node cannot listen), as ``EmbeddedRedis`` does."""
         for _ in range(5):
             port = self.ports[index]
             try:
@@ -266,8 +267,8 @@ class LocalCluster:
 @contextlib.contextmanager
 def embedded_cluster(masters: int = 3) -> Iterator[str]:
     """A throwaway Redis Cluster of ``masters`` masters (no replicas, nothing kept on disk) on free ports;
-    yields the URL of its first node. Needs a server binary (see :func:`server_binary`); the cluster is formed with
-    CLUSTER ADDSLOTSRANGE and MEET, without redis-cli."""
+    yields the URL of its first node. Needs a server binary (see ``server_binary``); the cluster is formed with CLUSTER
+    ADDSLOTSRANGE and MEET, without redis-cli."""
     cluster = LocalCluster(masters).start()
     try:
         yield cluster.url

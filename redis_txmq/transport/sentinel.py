@@ -40,7 +40,8 @@ class SentinelTarget:
 
 
 def parse(url: str) -> SentinelTarget:
-    """Parse a Sentinel URL; :class:`ConfigurationError` (without the password) when it is malformed."""
+    """Parse a Sentinel URL; [`ConfigurationError`][redis_txmq.core.errors.ConfigurationError] (without the password)
+    when it is malformed."""
     scheme, _, rest = url.partition("://")
     shown = redact(url)
     if scheme.lower() not in SCHEMES:

@@ -34,7 +34,7 @@ AsyncLock = asyncio.Lock
 
 
 class AsyncEvent:
-    """:class:`threading.Event`'s surface on asyncio: ``await wait(timeout)`` returns whether it was set."""
+    """``threading.Event``'s surface on asyncio: ``await wait(timeout)`` returns whether it was set."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
@@ -88,7 +88,7 @@ predicate holds; ``notify_all``."""
 
 
 class AsyncCondition:
-    """:class:`threading.Condition`'s surface on asyncio: ``async with cond``, ``await cond.wait(timeout)``,
+    """``threading.Condition``'s surface on asyncio: ``async with cond``, ``await cond.wait(timeout)``,
     ``await cond.wait_for(predicate, timeout)`` (both return False when the timeout passed), ``notify_all()``."""
 
     def __init__(self) -> None:
@@ -167,8 +167,8 @@ def _weak(method: Callable[..., Any]) -> Callable[[], Callable[..., Any] | None]
 
 class Periodic:
     """Calls ``method`` every ``interval`` seconds on a daemon thread of its own, beside whatever the caller's thread
-    is doing, until :meth:`stop`. The method's object is held weakly: an object dropped without being closed is
-    collected, and its calls end, as if its process had died. What ``method`` raises is logged; the calls go on."""
+    is doing, until ``stop``. The method's object is held weakly: an object dropped without being closed is collected,
+    and its calls end, as if its process had died. What ``method`` raises is logged; the calls go on."""
 
     def __init__(self, method: Callable[[], Any], interval: float, name: str) -> None:
         self._method = _weak(method)
@@ -199,7 +199,7 @@ class Periodic:
 
 
 class AsyncPeriodic:
-    """:class:`Periodic` on asyncio: awaits ``method()`` every ``interval`` seconds in a task of its own; ``await
+    """``Periodic`` on asyncio: awaits ``method()`` every ``interval`` seconds in a task of its own; ``await
     stop(timeout)`` cancels a call still under way after ``timeout``."""
 
     def __init__(self, method: Callable[[], Coroutine[Any, Any, Any]], interval: float, name: str) -> None:
@@ -243,7 +243,7 @@ class AsyncPeriodic:
 
 class WorkerPool:
     """Runs calls on at most ``size`` threads, one per key at a time; the keys in hand are the calls queued or
-    running. :meth:`shutdown` lets the running calls finish and returns the keys of those that never started."""
+    running. ``shutdown`` lets the running calls finish and returns the keys of those that never started."""
 
     def __init__(self, size: int, name: str) -> None:
         self._executor = ThreadPoolExecutor(size, thread_name_prefix=name)
@@ -278,7 +278,7 @@ class WorkerPool:
 
 
 class AsyncWorkerPool:
-    """:class:`WorkerPool` on asyncio: a task per call, at most ``size`` running at once (the others wait)."""
+    """``WorkerPool`` on asyncio: a task per call, at most ``size`` running at once (the others wait)."""
 
     def __init__(self, size: int, name: str) -> None:
         self._slots = asyncio.Semaphore(size)
@@ -328,7 +328,7 @@ class Background:
 
 
 class AsyncBackground:
-    """Tasks started by calls that may be cancelled (an end call under way, a failed send's marking); :meth:`wait`
+    """Tasks started by calls that may be cancelled (an end call under way, a failed send's marking); ``wait``
     waits for those still running (a producer's shutdown)."""
 
     def __init__(self) -> None:

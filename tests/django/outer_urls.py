@@ -16,14 +16,15 @@ from redis_txmq import LocalTransactionState, Message, TransactionListener
 from redis_txmq.core.keys import TopicKeys
 
 TOPIC = TopicKeys("orders")
+"""The topic of the guide's views; the example's own views publish on the example's topic (``orders/txmq.py``)."""
 
 STATE: dict[str, Any] = {}
 """Set by the test: ``alias``, ``producer``, ``log``, ``client`` (a Redis client of its own); the views add to
 ``seen`` (transaction id -> entries on the topic when the block had ended)."""
 
 
-def _visible(transaction_id: str) -> int:
-    entries = STATE["client"].xrange(TOPIC.topic_stream)
+def _visible(transaction_id: str, topic: TopicKeys) -> int:
+    entries = STATE["client"].xrange(topic.topic_stream)
     return sum(1 for _, fields in entries if fields[b"transaction_id"].decode().split(".")[0] == transaction_id)
 
 
@@ -36,8 +37,8 @@ def _save(log: Any, recorded: Any, order_id: int, transaction_id: str, durable: 
         Order.objects.using(alias).create(order_id=order_id, transaction_id=transaction_id, customer="ada", amount=1)
 
 
-def _answer(request: HttpRequest, transaction_id: str) -> JsonResponse:
-    STATE["seen"][transaction_id] = _visible(transaction_id)
+def _answer(request: HttpRequest, transaction_id: str, topic: TopicKeys = TOPIC) -> JsonResponse:
+    STATE["seen"][transaction_id] = _visible(transaction_id, topic)
     STATE["last"] = transaction_id
     if request.GET.get("fail"):
         raise RuntimeError("the view fails after its order was placed: the request's transaction rolls back")
@@ -82,9 +83,10 @@ def example(request: HttpRequest) -> JsonResponse:
     import json
 
     from orders.services import place_order
+    from orders.txmq import TOPIC as EXAMPLE_TOPIC
 
     placed = place_order(json.loads(request.body))
-    return _answer(request, placed.transaction_id)
+    return _answer(request, placed.transaction_id, TopicKeys(EXAMPLE_TOPIC))
 
 
 def _example_async() -> Any:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orders.billing import BILLING_GROUP
 from orders.models import Invoice
+from orders.txmq import TOPIC
 
 from redis_txmq import Consumer, LocalTransactionState, Message, TransactionProducer
 from redis_txmq.core.keys import TopicKeys
@@ -43,7 +45,7 @@ def test_sigterm_stops_after_the_message_in_hand_and_another_consumer_takes_the_
         for order_id in range(1, ORDERS + 1):
             order = {"id": order_id, "customer": f"c{order_id}", "amount": 10.0 * order_id}
             producer.send_message_in_transaction(
-                Message("orders", json.dumps(order).encode()), LocalTransactionState.COMMIT
+                Message(TOPIC, json.dumps(order).encode()), LocalTransactionState.COMMIT
             )
     log = tmp_path / "started"
     command = ["bill_orders", "--handler", "tests.django.slow_billing.bill", "--block", "0.1"]
@@ -80,11 +82,11 @@ def test_sigterm_stops_after_the_message_in_hand_and_another_consumer_takes_the_
     assert f"{len(handled)} message(s) handled" in text
 
     taken: list[Any] = []
-    with Consumer("orders", "billing", client=real_client, block=0.05, min_idle_time=3600, max_deliveries=1) as second:
+    with Consumer(TOPIC, BILLING_GROUP, client=real_client, block=0.05, min_idle_time=3600, max_deliveries=1) as second:
         wait_until(lambda: taken.extend(second.poll(0.05)) or len(taken) >= ORDERS - len(handled), timeout=10)
         for message in taken:
             second.ack(message)
     ids = collections.Counter(json.loads(message.body)["id"] for message in taken)
     assert sorted(ids) == sorted(set(range(1, ORDERS + 1)) - set(handled)) and max(ids.values()) == 1
     assert {message.delivery_count for message in taken} == {1}, "handed back undelivered"
-    assert real_client.xlen(TopicKeys("orders").consumer_dead_stream("billing")) == 0
+    assert real_client.xlen(TopicKeys(TOPIC).consumer_dead_stream(BILLING_GROUP)) == 0

@@ -8,6 +8,7 @@ import asyncio
 import collections
 import io
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,14 +18,16 @@ import pytest
 from django.core.management import call_command
 from django.test import AsyncClient, Client
 from orders import txmq
-from orders.billing import invoice
+from orders.billing import BILLING_GROUP, invoice
 from orders.models import Invoice, Order
 
-from redis_txmq import Consumer
+from redis_txmq import Consumer, LocalTransactionState, Message, TransactionProducer
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.django import Inbox
 
-KEYS = TopicKeys("orders")
+from ..helpers import pending
+
+KEYS = TopicKeys(txmq.TOPIC)
 ON_SQLITE = pytest.mark.parametrize("django_database", ["sqlite"], indirect=True)  # the example's database: default
 
 
@@ -38,9 +41,10 @@ def service(django_database: str, txmq_redis: str, real_client: Any) -> Iterator
 
 
 def consume(redis_url: str, expected: int) -> list[Any]:
-    """Read ``orders`` through a new group until ``expected`` messages came, acking each; then nothing more is there."""
+    """Read the example's topic through a new group until ``expected`` messages came, acking each; then nothing more
+    is there."""
     received: list[Any] = []
-    with Consumer("orders", "audit", redis_url=redis_url) as consumer:
+    with Consumer(txmq.TOPIC, "audit", redis_url=redis_url) as consumer:
         for _ in range(50):
             for message in consumer.poll(timeout=0.2):
                 received.append(message)
@@ -108,14 +112,55 @@ def test_the_billing_command_invoices_each_order_once_through_a_redelivery(servi
     for i in (1, 2, 3):
         response = http.post("/orders", {"id": i, "customer": f"c{i}", "amount": 10 * i}, "application/json")
         assert response.status_code == 201
-    handler = Inbox().handler(invoice, consumer_group="billing")
-    with Consumer("orders", "billing", redis_url=redis_url, block=0.05, min_idle_time=0.2) as dying:
+    handler = Inbox().handler(invoice, consumer_group=BILLING_GROUP)
+    with Consumer(txmq.TOPIC, BILLING_GROUP, redis_url=redis_url, block=0.05, min_idle_time=0.2) as dying:
         (first, *_) = dying.poll(timeout=1)
         handler(first)  # invoiced and committed; the process dies before the ack
     out = io.StringIO()
     call_command("bill_orders", max_messages=3, block=0.05, min_idle_time=0.2, stdout=out)
-    assert "3 message(s) handled by group billing" in out.getvalue()
+    assert f"3 message(s) handled by group {BILLING_GROUP}" in out.getvalue()
     assert sorted(Invoice.objects.values_list("order_id", flat=True)) == [1, 2, 3], "each order invoiced once"
+
+
+NOT_ORDERS = [b"{not json", json.dumps({"order_id": 1, "amount": 25.0, "customer": "ada"}).encode()]
+"""A body that is not JSON, and one shaped as ``txmq demo`` writes its orders (``order_id``: no ``id``)."""
+
+
+@ON_SQLITE
+def test_the_billing_command_says_once_that_a_message_is_not_an_order_and_goes_on(
+    service: None, real_client: Any, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two messages the billing command cannot parse, then an order: each of the two is logged once (topic, entry
+    id, transaction id, what to do) and skipped, never handed out again; the order behind them is invoiced."""
+    caplog.set_level(logging.INFO)
+    bad = []
+    with TransactionProducer(
+        "another-writer", checker=lambda message: LocalTransactionState.COMMIT, redis_url=redis_url
+    ) as producer:
+        for body in NOT_ORDERS:
+            with producer.transaction(Message(txmq.TOPIC, body)) as tx:
+                pass
+            bad.append(tx.transaction_id)
+    response = Client().post("/orders", {"id": 1, "customer": "ada", "amount": 25}, "application/json")
+    assert response.status_code == 201
+    entry_of = {f[b"transaction_id"].decode(): entry.decode() for entry, f in real_client.xrange(KEYS.topic_stream)}
+
+    out = io.StringIO()
+    call_command("bill_orders", max_messages=3, block=0.05, min_idle_time=0.2, stdout=out)
+
+    assert f"3 message(s) handled by group {BILLING_GROUP}" in out.getvalue()
+    assert list(Invoice.objects.values_list("order_id", flat=True)) == [1], "the order behind the two is invoiced"
+    said = [r for r in caplog.records if r.name == "orders.billing"]
+    assert [r.levelno for r in said] == [logging.WARNING] * 2, [r.getMessage() for r in said]
+    for record, transaction_id in zip(said, bad, strict=True):
+        line = record.getMessage()
+        entry = entry_of[transaction_id]
+        assert f"topic={txmq.TOPIC} entry={entry} tx={transaction_id} is not an order" in line
+        assert f"XRANGE {KEYS.topic_stream} {entry} {entry}" in line and "place the order again" in line
+    assert "the body is not JSON" in said[0].getMessage()
+    assert "the body is not an order" in said[1].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no handler failure, no traceback"
+    assert pending(real_client, KEYS.topic_stream, BILLING_GROUP) == 0, "nothing left to deliver again"
 
 
 @ON_SQLITE

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from orders.billing import BILLING_GROUP
 from orders.models import Invoice, Order
+from orders.txmq import TOPIC
 from redis_txmq.checker import Checker
 
 from redis_txmq.core.keys import TopicKeys
@@ -78,8 +80,8 @@ def check_until_all_published(client: Any) -> None:
     wait_until(
         lambda: (
             checker.run_round() is not None
-            and client.xlen("orders") == ORDERS
-            and client.hlen(TopicKeys("orders").inflight) == 0
+            and client.xlen(TOPIC) == ORDERS
+            and client.hlen(TopicKeys(TOPIC).inflight) == 0
         ),
         timeout=30,
     )
@@ -102,7 +104,7 @@ def test_kills_between_database_commit_and_end_call_and_between_commit_and_ack(
         assert dies.wait(60) == -9, output(dies)
         running.append(billing(alias, redis_url))  # takes over the unacked one
         wait_until(
-            lambda: Invoice.objects.using(alias).count() >= ORDERS and pending(real_client, "orders", "billing") == 0,
+            lambda: Invoice.objects.using(alias).count() >= ORDERS and pending(real_client, TOPIC, BILLING_GROUP) == 0,
             timeout=30,
         )
     finally:
@@ -111,7 +113,7 @@ def test_kills_between_database_commit_and_end_call_and_between_commit_and_ack(
             process.wait(10)
     placed = dict(Order.objects.using(alias).values_list("order_id", "transaction_id"))
     billed = collections.Counter(Invoice.objects.using(alias).values_list("order_id", flat=True))
-    published = collections.Counter(fields[b"transaction_id"].decode() for _, fields in real_client.xrange("orders"))
+    published = collections.Counter(fields[b"transaction_id"].decode() for _, fields in real_client.xrange(TOPIC))
     assert sorted(placed) == list(range(1, ORDERS + 1))
     assert published == {tx: 1 for tx in placed.values()}, "each committed order published once"
     assert billed == {order_id: 1 for order_id in range(1, ORDERS + 1)}, "each order billed once, the redelivered too"
@@ -141,6 +143,6 @@ def test_kills_around_the_commit_of_the_request_that_holds_the_log_row(
             process.kill()
             process.wait(10)
     placed = dict(Order.objects.using(alias).values_list("order_id", "transaction_id"))
-    published = collections.Counter(fields[b"transaction_id"].decode() for _, fields in real_client.xrange("orders"))
+    published = collections.Counter(fields[b"transaction_id"].decode() for _, fields in real_client.xrange(TOPIC))
     assert sorted(placed) == list(range(1, ORDERS + 1))
     assert published == {tx: 1 for tx in placed.values()}, "each committed order published once, nothing else"

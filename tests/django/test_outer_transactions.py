@@ -33,12 +33,14 @@ from .outer_urls import STATE, OrderListener
 COMMIT, ROLLBACK, UNKNOWN = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK, LocalTransactionState.UNKNOWN
 CHECK_NOW = Settings(transaction_timeout=0, check_interval=0.2, heartbeat_interval=0.2, claim_idle=1)
 KEYS = TopicKeys("orders")
+EXAMPLE_KEYS = TopicKeys(example_txmq.TOPIC)
+"""The example's own topic: its ``place_order`` views publish there."""
 
 pytestmark = pytest.mark.urls("tests.django.outer_urls")
 
 
-def published(client: Any, transaction_id: str) -> int:
-    return published_of(client, KEYS.topic_stream, transaction_id)
+def published(client: Any, transaction_id: str, keys: TopicKeys = KEYS) -> int:
+    return published_of(client, keys.topic_stream, transaction_id)
 
 
 def settle_in_flight(client: Any) -> None:
@@ -133,19 +135,19 @@ def test_the_examples_own_view_under_atomic_requests(
         assert failed.status_code == 500
         second = STATE["last"]
         assert STATE["seen"] == {first: 0, second: 0}
-        assert published(real_client, first) == 1
+        assert published(real_client, first, EXAMPLE_KEYS) == 1
         assert not Order.objects.filter(order_id=8).exists()
         # the example's producer answers from the example's log (30 s before it fences): end it as an operator's
         # check would, with a log that fences at once
         checker = Checker(real_client, CHECK_NOW)
-        assert published(real_client, second) == 0
+        assert published(real_client, second, EXAMPLE_KEYS) == 0
         fence = TransactionLog(local_transaction_max_seconds=0)
-        half = real_client.xrange(KEYS.half_stream)
+        half = real_client.xrange(EXAMPLE_KEYS.half_stream)
         assert [f[b"transaction_id"].decode() for _, f in half] == [second]
-        message = Message("orders", b"{}", transaction_id=second)
+        message = Message(example_txmq.TOPIC, b"{}", transaction_id=second)
         assert fence.check(message) is ROLLBACK
-        wait_until(lambda: checker.run_round() is not None and real_client.hlen(KEYS.inflight) == 0, timeout=30)
-        assert published(real_client, second) == 0
+        wait_until(lambda: checker.run_round() is not None and real_client.hlen(EXAMPLE_KEYS.inflight) == 0, timeout=30)
+        assert published(real_client, second, EXAMPLE_KEYS) == 0
     finally:
         example_txmq.shutdown_producer()
 
@@ -168,7 +170,7 @@ def test_the_examples_async_view_runs_beside_atomic_requests(
 
     response = asyncio.run(scenario())
     assert response.status_code == 201, response.content
-    assert published(real_client, response.json()["transaction_id"]) == 1
+    assert published(real_client, response.json()["transaction_id"], EXAMPLE_KEYS) == 1
     assert Order.objects.filter(order_id=9).exists()
 
 

@@ -2,7 +2,7 @@ from django.db import models
 
 
 class Order(models.Model):
-    """An order; saved if and only if its ``orders`` message is published."""
+    """An order; saved if and only if its ``django-orders`` message is published."""
 
     order_id = models.PositiveIntegerField(primary_key=True)
     transaction_id = models.CharField(max_length=64, unique=True)

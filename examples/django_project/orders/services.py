@@ -1,4 +1,4 @@
-"""Placing an order: the order row and its ``orders`` message, both or neither."""
+"""Placing an order: the order row and its ``django-orders`` message, both or neither."""
 
 from __future__ import annotations
 

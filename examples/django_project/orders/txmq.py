@@ -18,8 +18,10 @@ from redis_txmq import TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
 from redis_txmq.django import TransactionLog
 
-TOPIC = "orders"
-PRODUCER_GROUP = "order-service"
+TOPIC = "django-orders"
+PRODUCER_GROUP = "django-order-service"
+"""This service's names, its own: another service's producers on the same Redis (the FastAPI example's, ``txmq
+demo``'s) never answer its check-backs from their database, nor its consumers read their orders."""
 
 log = TransactionLog(local_transaction_max_seconds=30)
 """30 s: longer than any order's local transaction takes; a check-back waits this long before it gives one up."""

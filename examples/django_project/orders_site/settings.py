@@ -65,5 +65,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"redis_txmq": {"handlers": ["console"], "level": "INFO"}},
+    "loggers": {
+        "redis_txmq": {"handlers": ["console"], "level": "INFO"},
+        "orders": {"handlers": ["console"], "level": "INFO"},  # billing says so when a message is not an order
+    },
 }

@@ -1,9 +1,9 @@
 """``manage.py txmq_consume TOPIC --group GROUP --handler dotted.path``: the consuming side of a Django service.
 
 Reads ``TOPIC`` through the consumer group ``GROUP`` and applies each message through the inbox
-(:class:`redis_txmq.django.Inbox`): the function named by ``--handler`` is called with the message inside
-``transaction.atomic()`` together with the inbox row, and the message is acked after the commit. A redelivered
-message (this process died between the commit and the ack) is acked without calling the handler again.
+([`redis_txmq.django.Inbox`][redis_txmq.django.inbox.Inbox]): the function named by ``--handler`` is called with the
+message inside ``transaction.atomic()`` together with the inbox row, and the message is acked after the commit. A
+redelivered message (this process died between the commit and the ack) is acked without calling the handler again.
 
 Stops on SIGTERM (what an orchestrator sends first) once the message in hand is handled, handing the rest of its
 batch back to the group for another consumer to take at once: a stop takes one handler's time, not a batch's. On
