@@ -35,7 +35,8 @@ class _CheckoutFolders(importlib.abc.MetaPathFinder):
 def install(package_dir: Path) -> None:
     """Map the folders beside ``package_dir`` when they are there (a checkout), ahead of any other finder."""
     checkout = package_dir.parent
-    if not all((checkout / folder / "__init__.py").is_file() for folder in FOLDERS.values()):
-        return
+    ours = (checkout / "lua" / "end_transaction.lua").is_file() and (checkout / "pyproject.toml").is_file()
+    if not ours or not all((checkout / folder / "__init__.py").is_file() for folder in FOLDERS.values()):
+        return  # installed: site-packages may hold other projects' checker or spark_connector, never ours
     if not any(isinstance(finder, _CheckoutFolders) for finder in sys.meta_path):
         sys.meta_path.insert(0, _CheckoutFolders(checkout))

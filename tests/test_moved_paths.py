@@ -55,3 +55,28 @@ def test_the_public_names_and_new_paths_import_without_a_warning() -> None:
         from redis_txmq import Message, TransactionProducer  # noqa: F401
     with pytest.raises(AttributeError):
         _ = redis_txmq.no_such_module
+
+
+def test_a_checkout_maps_its_own_folders_and_an_installed_package_maps_none(tmp_path) -> None:
+    """Beside an installed package (site-packages), folders named checker and spark_connector are other projects':
+    only a checkout of ours (its lua/ and pyproject.toml beside the package) is mapped."""
+    from redis_txmq import _source_tree
+
+    for folder in ("redis_txmq", "checker", "spark_connector"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    before = list(sys.meta_path)
+    try:
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _source_tree._CheckoutFolders)]
+        _source_tree.install(tmp_path / "redis_txmq")  # site-packages with unrelated checker and spark_connector
+        assert not [f for f in sys.meta_path if isinstance(f, _source_tree._CheckoutFolders)]
+        (tmp_path / "lua").mkdir()
+        (tmp_path / "lua" / "end_transaction.lua").write_text("")
+        (tmp_path / "pyproject.toml").write_text("")
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _source_tree._CheckoutFolders)]
+        _source_tree.install(tmp_path / "redis_txmq")
+        finder = sys.meta_path[0]
+        assert isinstance(finder, _source_tree._CheckoutFolders) and finder.checkout == tmp_path
+        assert finder.find_spec("redis_txmq.checker").origin == str(tmp_path / "checker" / "__init__.py")
+    finally:
+        sys.meta_path[:] = before
