@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
 from redis_txmq.asyncio import TransactionListener as AsyncTransactionListener
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import GROUP_REGISTRY, SCHEDULE, TOPIC_REGISTRY, GroupKeys, TopicKeys
 from redis_txmq.transport.connection import connect
 

@@ -42,9 +42,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from redis_txmq.checker import Checker, CheckerMetrics
-
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq.checker import Checker, CheckerMetrics
 from redis_txmq.core.clients import is_cluster
 from redis_txmq.core.keys import SCHEDULE, TOPIC_REGISTRY, TopicKeys, topic_meta_key
 from redis_txmq.ops.admin import registered_topics

@@ -113,9 +113,10 @@ def spread(ratios: list[float]) -> dict[str, float]:
 def measure(redis_url: str, entries: int, rounds: int) -> dict[str, Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    import redis_txmq.spark
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+
+    import redis_txmq.spark
 
     client = redis.Redis.from_url(redis_url)
     fill(client, entries)

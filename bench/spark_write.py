@@ -37,8 +37,9 @@ def plain_xadd(client: redis.Redis, rows: list[tuple[bytes, str, str]]) -> None:
 def measure(redis_url: str, rows: int, rounds: int) -> dict[str, float]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    import redis_txmq.spark
     from pyspark.sql import SparkSession
+
+    import redis_txmq.spark
 
     client = redis.Redis.from_url(redis_url)
     spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()

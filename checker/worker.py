@@ -215,6 +215,8 @@ class Checker:
         next_scan = next_beat = 0.0
         backoff = Backoff(first=0.2, cap=5.0)
         replies_ok = True
+        current = RoundStats()
+        """The round under way: its scan, and the answers applied until the next scan (one line per round)."""
         try:
             while not stop.is_set():
                 healthy = True
@@ -229,14 +231,15 @@ class Checker:
                     # more due than one scan claims: scan again right after applying the answers at hand
                     more_due = isinstance(stats, RoundStats) and stats.more_due
                     next_scan = now if more_due else now + self.scan_interval
+                    if isinstance(stats, RoundStats):
+                        self._say_round(current)
+                        current = stats
                 wait = max(0.0, min(next_scan - time.monotonic(), 1.0))
                 block_ms = int(blocking_slice(wait, socket_timeout_of(self.client)) * 1000)
                 replies = self._guarded("replies", functools.partial(self.process_replies, block_ms))
                 replies_ok = replies is not _FAILED
                 healthy &= replies_ok
-                done = stats if isinstance(stats, RoundStats) else RoundStats()
-                done.replies_applied += replies if replies_ok else 0
-                self._say_round(done)
+                current.replies_applied += replies if replies_ok else 0
                 if not healthy:
                     # the scan observes the masters; while Redis is away it does not run (or fails before): PING
                     # them here, so that txmq_redis_master_up says so
@@ -247,6 +250,7 @@ class Checker:
                 else:
                     stop.wait(backoff.next())
         finally:
+            self._say_round(current)
             try:
                 self.heartbeat.leave()
             except REDIS_ERRORS:

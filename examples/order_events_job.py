@@ -20,9 +20,10 @@ from __future__ import annotations
 import argparse
 import os
 
-import redis_txmq.spark
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+import redis_txmq.spark
 
 ORDER_SCHEMA = "order_id long, amount double, customer string"
 

@@ -499,7 +499,7 @@ def _client_once_reachable(settings: Settings, stop: threading.Event, metrics: A
             return _client(settings)
         except REDIS_ERRORS as exc:
             delay = backoff.next()
-            logging.getLogger("checker").warning(
+            logging.getLogger("redis_txmq.checker").warning(
                 "cannot reach Redis at %s (%s); retrying in %.1f s", _shown(settings.redis_url), exc, delay
             )
             if metrics is not None:  # a try to start: the probes see the loop going round, and why it fails
@@ -701,6 +701,53 @@ _dead_action(
 )
 
 
+CONSOLE_TOKEN_ENV = "TXMQ_CONSOLE_OPERATOR_TOKEN"
+CONSOLE_ACTION_URL_ENV = "TXMQ_CONSOLE_OPERATOR_REDIS_URL"
+
+
+@main.command("console")
+@redis_url_option
+@cluster_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen on this address (0.0.0.0: every one).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8640, show_default=True, help="Listen on this port.")
+def console_command(redis_url: str | None, cluster: bool | None, host: str, port: int) -> None:
+    """Serve the web console: overview, topics, transactions, dead letters, write jobs, audit (and their JSON).
+
+    Read-only unless TXMQ_CONSOLE_OPERATOR_TOKEN is set (an environment variable, never an option: an option's value
+    shows in the process list): operators log in with it to commit, roll back or recheck dead letters. Actions run
+    on TXMQ_CONSOLE_OPERATOR_REDIS_URL when set (the operator's Redis user), else on --redis-url."""
+    try:
+        import uvicorn
+
+        from .ops.console.app import create_app
+    except ImportError as exc:
+        raise CommandError(
+            f"the console needs the console extra ({exc.name or exc} is missing): pip install 'redis-txmq[console]'"
+        ) from None
+    settings = _settings(redis_url=redis_url, cluster=cluster)
+    token = os.environ.get(CONSOLE_TOKEN_ENV) or None
+    action_url = os.environ.get(CONSOLE_ACTION_URL_ENV) or None
+    client = _client(settings)
+    action_client = _connect(action_url, cluster=settings.cluster) if action_url else None
+    _remember_url(settings.redis_url)
+    try:
+        app = create_app(
+            client,
+            settings,
+            operator_token=token,
+            action_client=action_client,
+            redis_url=settings.redis_url,
+            action_redis_url=action_url,
+        )
+    except TxMQError as exc:
+        raise CommandError(f"{exc} ({CONSOLE_TOKEN_ENV})") from None
+    mode = "operators may act after logging in" if token else f"read-only (set {CONSOLE_TOKEN_ENV} to allow actions)"
+    console.print(
+        f"txmq console on http://{host}:{port}/ for Redis at {_shown(settings.redis_url)}: {mode}", highlight=False
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False, proxy_headers=False)
+
+
 @main.group()
 def topic() -> None:
     """Topics and their partitions."""
@@ -727,8 +774,13 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
 
 
 @main.command()
-@click.argument("role", type=click.Choice(["producer", "checker", "consumer", "spark", "spark-writer"]))
-@click.option("--topic", "topics", multiple=True, required=True, help="A topic the part uses (repeat for more).")
+@click.argument("role", type=click.Choice(["producer", "checker", "consumer", "spark", "spark-writer", "console"]))
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    help="A topic the part uses (repeat for more; required but for the console, which reads every topic without).",
+)
 @click.option("--group", "groups", multiple=True, help="Producer group (a producer's; a checker's, else all groups).")
 @click.option("--consumer-group", help="A consumer's consumer group.")
 @click.option("--user", default="txmq-ROLE", show_default=True, help="The ACL user name.")
@@ -742,7 +794,8 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
 def acl(
     role: str, topics: tuple[str, ...], groups: tuple[str, ...], consumer_group: str | None, user: str, durability: str
 ) -> None:
-    """Print the least-privilege ACL SETUSER line for a producer, checker, consumer, Spark reader or writer."""
+    """Print the least-privilege ACL SETUSER line for a producer, checker, consumer, Spark reader or writer, or the
+    read-only console."""
     from .ops.acl import acl_rules
 
     try:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from redis_txmq.checker import Checker
 
 from redis_txmq import (
     Consumer,
@@ -21,6 +20,7 @@ from redis_txmq import (
     TransactionListener,
     TransactionProducer,
 )
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys, topic_stream_key
 from redis_txmq.ops.admin import status
 from redis_txmq.transport.connection import connect

@@ -10,10 +10,10 @@ import os
 from typing import Any
 
 from pyspark.sql.types import StructType
-from redis_txmq.spark.source import RedisTxmqDataSource
-from redis_txmq.spark.writer import BatchWriter, StreamWriter, WriteOptions, _staged, parse_write_options
 
 from redis_txmq import LocalTransactionState
+from redis_txmq.spark.source import RedisTxmqDataSource
+from redis_txmq.spark.writer import BatchWriter, StreamWriter, WriteOptions, _staged, parse_write_options
 
 
 class _FailingCommit(BatchWriter):

@@ -9,10 +9,11 @@ import sys
 
 def main() -> None:
     redis_url = sys.argv[1]
-    import redis_txmq.spark
     from pyspark import TaskContext
     from pyspark.sql import SparkSession
     from pyspark.sql.functions import col, udf
+
+    import redis_txmq.spark
 
     spark = (
         SparkSession.builder.master("local[2,3]")

@@ -14,8 +14,9 @@ def spark() -> Iterator[object]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    import redis_txmq.spark
     from pyspark.sql import SparkSession
+
+    import redis_txmq.spark
 
     session = (
         SparkSession.builder.master("local[2]")

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner
-from redis_txmq.checker import Checker
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, create_topic
+from redis_txmq.checker import Checker
 from redis_txmq.cli import main
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.ops.acl import acl_rules

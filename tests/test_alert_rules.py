@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.metrics_core import Metric
+
 from redis_txmq.checker import CheckerMetrics
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"

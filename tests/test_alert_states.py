@@ -37,9 +37,9 @@ import pytest
 import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from redis_txmq.checker import Checker, CheckerMetrics
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
+from redis_txmq.checker import Checker, CheckerMetrics
 from redis_txmq.core.keys import TOPIC_REGISTRY, GroupKeys, TopicKeys
 from redis_txmq.transport.embedded import free_port
 

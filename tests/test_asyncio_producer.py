@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings
 from redis_txmq.asyncio import TransactionListener, TransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys
 
 from .helpers import ScriptedListener

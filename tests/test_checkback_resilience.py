@@ -8,9 +8,9 @@ import logging
 from typing import Any
 
 import pytest
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import CHECKER_INSTANCES, GroupKeys, TopicKeys
 
 from .helpers import wait_until

@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from redis_txmq.checker import Checker
-from redis_txmq.checker.worker import SCAN_BATCHES
 
 from redis_txmq import (
     LocalTransactionState,
@@ -30,6 +28,8 @@ from redis_txmq import (
     TransactionProducer,
     create_topic,
 )
+from redis_txmq.checker import Checker
+from redis_txmq.checker.worker import SCAN_BATCHES
 from redis_txmq.cli import main
 from redis_txmq.core.errors import TransactionConflictError
 from redis_txmq.core.keys import (

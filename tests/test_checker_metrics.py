@@ -7,9 +7,9 @@ import urllib.request
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from redis_txmq.checker import Checker
 
 from redis_txmq import Message, Settings, TransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.ops.admin import registered_topics
 from redis_txmq.transport.embedded import free_port
 

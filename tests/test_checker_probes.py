@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner
-from redis_txmq.checker import Checker, CheckerMetrics
 
 from redis_txmq import Settings
+from redis_txmq.checker import Checker, CheckerMetrics
 from redis_txmq.cli import main
 from redis_txmq.core.keys import TOPIC_REGISTRY, TopicKeys
 from redis_txmq.transport.embedded import free_port, server_binary, wait_for_ping

@@ -10,14 +10,15 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_txmq.checker import Checker
-from redis_txmq.checker.worker import ROUND_LOGGER
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq.checker import Checker
+from redis_txmq.checker.worker import ROUND_LOGGER
 from redis_txmq.core.keys import TopicKeys
 from tests.helpers import ScriptedListener, wait_until
 
@@ -75,6 +76,42 @@ def test_a_round_that_did_something_says_so_in_one_line(real_client: Any, redis_
     assert (committed, rolled_back, dead) == (2, 1, 0), lines
     assert sent >= 3, lines
     assert [fields[b"body"] for _, fields in real_client.xrange(keys.topic_stream)] == [b"commit", b"commit"]
+
+
+def test_a_stream_of_answers_makes_one_line_per_scan_not_per_answer(real_client: Any, redis_url: str, caplog) -> None:
+    """200 transactions in flight answered one by one while the checker runs (its loop wakes for each answer): the
+    lines follow its scans, each round's answers counted in its one line, never a line per answer."""
+    caplog.set_level(logging.INFO, logger=ROUND_LOGGER)
+    keys = TopicKeys("round-stream")
+    settings = Settings(transaction_timeout=0, check_interval=2.0, heartbeat_interval=0.2, claim_idle=1)
+    with TransactionProducer(
+        "round-stream-service", ScriptedListener(answer_by_body), redis_url=redis_url, settings=settings
+    ) as producer:
+        for _ in range(200):
+            producer.send_message_in_transaction(Message(keys.topic, b"commit"), UNKNOWN)
+        checker = Checker(real_client, settings, scan_interval=1.0)
+        scans = 0
+        scan = checker.scan
+
+        def counted_scan() -> Any:
+            nonlocal scans
+            scans += 1
+            return scan()
+
+        checker.scan = counted_scan  # type: ignore[method-assign]
+        stop = threading.Event()
+        worker = threading.Thread(target=checker.run, args=(stop,), daemon=True)
+        worker.start()
+        try:
+            wait_until(lambda: real_client.hlen(keys.inflight) == 0, timeout=60)
+        finally:
+            stop.set()
+            worker.join(30)
+    lines = round_lines(caplog)
+    assert 1 <= len(lines) <= scans, (len(lines), scans)
+    counts = [ROUND.fullmatch(line) for line in lines]
+    assert all(counts), lines
+    assert sum(int(m.group(2)) for m in counts if m) == 200, lines
 
 
 def test_an_idle_round_says_nothing(real_client: Any, caplog) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.cli import main
 from redis_txmq.core.keys import TopicKeys
 

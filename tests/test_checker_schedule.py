@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import redis
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.core.errors import TxMQConnectionError
 from redis_txmq.core.keys import GROUP_REGISTRY, SCHEDULE, GroupKeys, TopicKeys
 from redis_txmq.ops.admin import dead_letters, resolve_dead

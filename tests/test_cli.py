@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner, Result
-from redis_txmq.checker import Checker
 from rich.console import Console
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, __version__
+from redis_txmq.checker import Checker
 from redis_txmq.cli import _run_checker, main
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.ops.demo import run_demo

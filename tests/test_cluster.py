@@ -201,9 +201,8 @@ def test_a_partitioned_topic_spreads_over_the_masters(cluster, cluster_url, spar
 def test_check_back_on_a_partitioned_topic_while_heartbeats_reassert_it(cluster, make_producer):
     """A producer re-asserts its topics' partitions with every heartbeat (one script call per topic: cluster
     pipelines refuse scripts); it keeps answering check-backs, on both APIs."""
-    from redis_txmq.checker import Checker
-
     from redis_txmq import create_topic
+    from redis_txmq.checker import Checker
 
     settings = Settings(cluster=True, transaction_timeout=0, check_interval=0.3, heartbeat_interval=0.1, claim_idle=1)
     create_topic(cluster, "parted-cluster", 3)
@@ -224,7 +223,6 @@ def test_a_transaction_of_messages_on_every_master(cluster):
     """One transaction's messages in the slots of every master, its decision in a slot of its own: all commit
     together; a second one rolls back whole; the checker finishes one whose producer died after its decision."""
     from redis_txmq.checker import Checker
-
     from redis_txmq.core.keys import decision_key
 
     settings = Settings(cluster=True, transaction_timeout=0, check_interval=0.05)

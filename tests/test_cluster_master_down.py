@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from redis_txmq.checker import Checker, CheckerMetrics
 
 from redis_txmq import Message, Settings, TransactionProducer, TxMQError, create_topic
+from redis_txmq.checker import Checker, CheckerMetrics
 from redis_txmq.core.keys import (
     CHECKER_INSTANCES,
     GROUP_REGISTRY,

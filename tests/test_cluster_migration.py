@@ -8,7 +8,6 @@ import threading
 
 import redis
 from redis.cluster import RedisCluster
-from redis_txmq.checker import Checker
 
 from redis_txmq import (
     LocalTransactionState,
@@ -18,6 +17,7 @@ from redis_txmq import (
     TransactionListener,
     TransactionProducer,
 )
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys
 
 from .helpers import wait_until

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from redis.cluster import RedisCluster
-from redis_txmq.checker import Checker, CheckerMetrics
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq.checker import Checker, CheckerMetrics
 from redis_txmq.cli import main
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.core.topics import create_topic

@@ -5,9 +5,9 @@ commit onto a topic key of another type is refused and keeps the dead letter."""
 from __future__ import annotations
 
 import pytest
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings
+from redis_txmq.checker import Checker
 from redis_txmq.core.errors import CorruptEntryError, TransactionDeadLetteredError, TransactionError
 from redis_txmq.core.keys import TOPIC_REGISTRY, TopicKeys
 from redis_txmq.ops.admin import dead_letters

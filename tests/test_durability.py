@@ -17,7 +17,6 @@ import msgpack
 import pytest
 import redis
 from click.testing import CliRunner
-from redis_txmq.checker import Checker
 
 from redis_txmq import (
     ConfigurationError,
@@ -29,6 +28,7 @@ from redis_txmq import (
     TransactionProducer,
 )
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.cli import main
 from redis_txmq.core.durability import Durability
 from redis_txmq.core.errors import DurabilityError

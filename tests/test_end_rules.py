@@ -6,7 +6,6 @@ these are the scripts' rules."""
 from __future__ import annotations
 
 import pytest
-from redis_txmq.checker import Checker
 
 from redis_txmq import (
     LocalTransactionState,
@@ -15,6 +14,7 @@ from redis_txmq import (
     Settings,
     TransactionDeadLetteredError,
 )
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.core.scripts import register_topic_script
 from redis_txmq.sync.broker import EndSource, RedisBroker

@@ -23,12 +23,12 @@ for extra in ("fastapi", "sqlalchemy.ext.asyncio", "aiosqlite", "httpx"):
     pytest.importorskip(extra, reason="the example service needs the `example` extra: pip install -e '.[example]'")
 
 import httpx  # noqa: E402 - after the skips: the extra may be missing
-from redis_txmq.checker import Checker  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 from sqlalchemy.exc import IntegrityError  # noqa: E402
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer  # noqa: E402
 from redis_txmq.asyncio import Consumer  # noqa: E402
+from redis_txmq.checker import Checker  # noqa: E402
 from redis_txmq.core.keys import TopicKeys  # noqa: E402
 from tests.helpers import pending  # noqa: E402
 

@@ -22,9 +22,9 @@ for extra in ("fastapi", "uvicorn", "httpx", "aiosqlite"):
     pytest.importorskip(extra, reason="the example service needs the `example` extra: pip install -e '.[example]'")
 
 import httpx  # noqa: E402
-from redis_txmq.checker import Checker  # noqa: E402
 
 from redis_txmq import Settings  # noqa: E402
+from redis_txmq.checker import Checker  # noqa: E402
 from redis_txmq.core.keys import TopicKeys  # noqa: E402
 from redis_txmq.transport.embedded import free_port  # noqa: E402
 

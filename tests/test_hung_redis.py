@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_txmq.checker import Checker, CheckerMetrics
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
+from redis_txmq.checker import Checker, CheckerMetrics
 from redis_txmq.core.errors import PrepareError, TxMQConnectionError
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.transport.connection import connect

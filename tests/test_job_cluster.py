@@ -23,6 +23,7 @@ if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # the tasks and drivers are the Sp
 
 import pyarrow as pa  # noqa: E402
 from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
+
 from redis_txmq.spark.writer import parse_write_options, write_rows  # noqa: E402
 
 from .test_cluster_master_down import OneMasterDown, one_master_down_of  # noqa: E402

@@ -55,6 +55,7 @@ if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # the driver's side is the Spark w
 
 import pyarrow as pa  # noqa: E402
 from pyspark.sql.types import StringType, StructField, StructType  # noqa: E402
+
 from redis_txmq.spark.writer import BatchWriter, StreamWriter, _staged, parse_write_options, write_rows  # noqa: E402
 
 from .model_programs import Programs, Steps  # noqa: E402

@@ -9,9 +9,9 @@ import time
 
 import msgpack
 import pytest
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Settings, TxMQError
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import JOB_REGISTRY
 from redis_txmq.jobs import (
     ROWS_PER_STAGE_ENTRY,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import redis
-from redis_txmq.checker import Checker
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer, create_topic
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import CHECKER_LEVELS, PREFIX, TopicKeys
 
 from .helpers import wait_until

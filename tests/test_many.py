@@ -8,7 +8,6 @@ import asyncio
 
 import pytest
 from click.testing import CliRunner
-from redis_txmq.checker import Checker
 
 from redis_txmq import (
     InvalidMessageError,
@@ -20,6 +19,7 @@ from redis_txmq import (
     TxMQConnectionError,
     create_topic,
 )
+from redis_txmq.checker import Checker
 from redis_txmq.cli import main
 from redis_txmq.core.errors import ProducerGroupMismatchError, TransactionConflictError
 from redis_txmq.core.keys import decision_key, topic_keys_of_stream

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from redis_txmq.checker import Checker
 
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import decision_key, topic_keys_of_stream
 
 from .helpers import wait_until

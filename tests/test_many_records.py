@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import redis
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, PrepareError, Settings, TransactionProducer, TxMQConnectionError
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import decision_key, topic_keys_of_stream
 from redis_txmq.core.protocol import DeadAction, EndSource, RecordAction
 from redis_txmq.ops.admin import resolve_dead_transaction

@@ -4,9 +4,9 @@ forgotten once the dedupe window has passed, by later ends or, when traffic stop
 from __future__ import annotations
 
 import pytest
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.core import config
 from redis_txmq.core.keys import TopicKeys
 

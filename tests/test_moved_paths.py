@@ -80,3 +80,33 @@ def test_a_checkout_maps_its_own_folders_and_an_installed_package_maps_none(tmp_
         assert finder.find_spec("redis_txmq.checker").origin == str(tmp_path / "checker" / "__init__.py")
     finally:
         sys.meta_path[:] = before
+
+
+def test_the_old_top_level_packages_are_the_moved_ones_not_copies() -> None:
+    """``import checker`` (0.1.0's name, its folder on the path in a checkout) is ``redis_txmq.checker`` itself, and
+    so is every module under it: one Checker class, one set of module state and logger names."""
+    import redis_txmq.checker.worker as worker
+
+    for name in [name for name in sys.modules if name == "checker" or name.startswith("checker.")]:
+        del sys.modules[name]
+    with pytest.warns(DeprecationWarning, match="checker moved to redis_txmq.checker"):
+        import checker
+    with pytest.warns(DeprecationWarning, match=r"checker\.worker moved to redis_txmq\.checker\.worker"):
+        from checker.worker import Checker
+    assert checker is redis_txmq.checker and Checker is worker.Checker
+    assert worker.__spec__.name == "redis_txmq.checker.worker", "the old path's spec stays with the alias"
+
+
+def test_another_projects_checker_is_not_hidden(tmp_path, monkeypatch) -> None:
+    (tmp_path / "checker").mkdir()
+    (tmp_path / "checker" / "__init__.py").write_text("MINE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".")[0] == "checker"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            other = importlib.import_module("checker")
+        assert other.MINE and other is not redis_txmq.checker
+    finally:
+        sys.modules.pop("checker", None)
+        sys.modules.update(saved)

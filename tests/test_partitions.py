@@ -6,7 +6,6 @@ import collections
 
 import pytest
 from click.testing import CliRunner
-from redis_txmq.checker import Checker
 
 from redis_txmq import (
     ConfigurationError,
@@ -19,6 +18,7 @@ from redis_txmq import (
     create_topic,
     partition_count,
 )
+from redis_txmq.checker import Checker
 from redis_txmq.cli import main
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.ops.admin import status

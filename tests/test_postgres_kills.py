@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis_txmq.checker import Checker
 from sqlalchemy import select
 
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys
 
 from .helpers import pending, wait_until

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from redis_txmq.checker import Checker
 
 from redis_txmq import Message
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import SCHEDULE, GroupKeys, TopicKeys
 from redis_txmq.core.protocol import prepare_args
 from redis_txmq.core.scripts import register_topic_script

@@ -43,9 +43,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer, create_topic
+from redis_txmq.checker import Checker
 from redis_txmq.core.errors import PrepareError, TransactionConflictError, TransactionError, TxMQConnectionError
 from redis_txmq.core.keys import PRODUCERS_CONSUMER_GROUP, SCHEDULE, GroupKeys, decision_key, topic_keys_of_stream
 from redis_txmq.core.log_rows import RowState, watch_row

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 import redis
-from redis_txmq.checker import Checker
 
 from redis_txmq import Settings, TransactionProducer, create_topic
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import (
     CHECKER_INSTANCES,
     CHECKERS_CONSUMER_GROUP,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from redis_txmq.spark.options import parse_options
 
 from redis_txmq import ConfigurationError
 from redis_txmq.core.clients import redact_url
+from redis_txmq.spark.options import parse_options
 from redis_txmq.transport.connection import connect
 from redis_txmq.transport.sentinel import parse
 

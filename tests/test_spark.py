@@ -14,6 +14,15 @@ if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # CI sets it: there, a missing pys
     pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark,dev]'")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
+
+from redis_txmq import (  # noqa: E402
+    LocalTransactionState,
+    Message,
+    TransactionListener,
+    TransactionProducer,
+    create_topic,
+)
+from redis_txmq.ops.admin import status  # noqa: E402
 from redis_txmq.spark.offsets import START_ID, earlier, later, parse_entry_id  # noqa: E402
 from redis_txmq.spark.options import SparkSourceError, parse_options  # noqa: E402
 from redis_txmq.spark.source import (  # noqa: E402
@@ -25,15 +34,6 @@ from redis_txmq.spark.source import (  # noqa: E402
     TopicPartition,
     plan_ranges,
 )
-
-from redis_txmq import (  # noqa: E402
-    LocalTransactionState,
-    Message,
-    TransactionListener,
-    TransactionProducer,
-    create_topic,
-)
-from redis_txmq.ops.admin import status  # noqa: E402
 
 COMMIT, ROLLBACK = LocalTransactionState.COMMIT, LocalTransactionState.ROLLBACK
 COLUMNS = ["topic", "partition", "id", "timestamp", "transaction_id", "keys", "tags", "body", "properties"]

@@ -14,11 +14,10 @@ import pytest
 if not os.environ.get("TXMQ_REQUIRE_SPARK"):  # CI sets it: there, a missing pyspark fails instead of skipping
     pytest.importorskip("pyspark", reason="the Spark tests need the spark extra: pip install -e '.[spark,dev]'")
 
-from redis_txmq.spark.options import SparkSourceError  # noqa: E402
-
 from redis_txmq import Settings, create_topic  # noqa: E402
 from redis_txmq.core.keys import JOB_REGISTRY, JobKeys  # noqa: E402
 from redis_txmq.jobs import JobNotCommittedError, settle_jobs  # noqa: E402
+from redis_txmq.spark.options import SparkSourceError  # noqa: E402
 
 from .helpers import wait_until  # noqa: E402
 from .replicas import replicated_fixture  # noqa: E402, F401 - the fixture 'replicated'
@@ -196,9 +195,9 @@ def test_a_write_can_only_append(spark, redis_url):
 
 def test_write_options_are_checked_on_the_driver():
     from pyspark.sql.types import StringType, StructField, StructType
-    from redis_txmq.spark.writer import parse_write_options
 
     from redis_txmq.core.durability import Durability
+    from redis_txmq.spark.writer import parse_write_options
 
     schema = StructType([StructField("body", StringType())])
     with pytest.raises(SparkSourceError, match="sinkId"):
@@ -385,6 +384,7 @@ def test_a_batch_job_that_runs_longer_than_its_lease_and_the_checkers_max_age_pu
 
 def write_options(redis_url: str, streaming: bool, **extra: str):
     from pyspark.sql.types import StringType, StructField, StructType
+
     from redis_txmq.spark.writer import parse_write_options
 
     schema = StructType([StructField("body", StringType())])
@@ -395,6 +395,7 @@ def write_options(redis_url: str, streaming: bool, **extra: str):
 def task(options, keys: JobKeys, rows: list[str]):
     """One task attempt of the writer, run here (no Spark task: partition 0)."""
     import pyarrow as pa
+
     from redis_txmq.spark.writer import write_rows
 
     return write_rows(options, keys, iter([pa.RecordBatch.from_pydict({"body": rows})]))

@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 import redis
 from click.testing import CliRunner
-from redis_txmq.checker import Checker
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionListener, TransactionProducer
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.cli import main
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.transport.connection import connect

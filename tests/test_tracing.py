@@ -19,10 +19,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import SpanKind  # noqa: E402
 from opentelemetry.util._once import Once  # noqa: E402
-from redis_txmq.checker import Checker  # noqa: E402
 
 from redis_txmq import Consumer, LocalTransactionState, Message, Settings, TransactionProducer  # noqa: E402
 from redis_txmq import asyncio as txmq_asyncio  # noqa: E402
+from redis_txmq.checker import Checker  # noqa: E402
 from redis_txmq.core.keys import TopicKeys  # noqa: E402
 from redis_txmq.core.tracing import STATE_ATTRIBUTE, TRACEPARENT  # noqa: E402
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from redis_txmq.checker import Checker
 
 from redis_txmq import ConfigurationError, LocalTransactionState, Message, PrepareError, Settings
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys
 
 from .helpers import ScriptedListener, wait_until

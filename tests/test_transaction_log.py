@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import redis
-from redis_txmq.checker import Checker
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
+from redis_txmq.checker import Checker
 from redis_txmq.core.errors import ConfigurationError
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.sqlalchemy import TransactionLog

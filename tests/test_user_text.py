@@ -23,7 +23,6 @@ import redis
 import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from redis_txmq.checker import Checker
 
 from redis_txmq import (
     ConfigurationError,
@@ -38,6 +37,7 @@ from redis_txmq import (
 from redis_txmq.asyncio import Consumer as AsyncConsumer
 from redis_txmq.asyncio import TransactionProducer as AsyncTransactionProducer
 from redis_txmq.asyncio.broker import AsyncRedisBroker
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.core.message import REMARK_LIMIT, remark_text
 from redis_txmq.ops.admin import find_dead_transaction

@@ -44,6 +44,12 @@ def run(*args: str | Path, cwd: Path) -> str:
     return done.stdout
 
 
+def build_wheel(out: Path) -> None:
+    """As a release is built: an sdist, then the wheel from it, so that nothing left over in the checkout (a
+    ``build/`` of an earlier build, with modules since moved or deleted) can reach the wheel."""
+    run(sys.executable, "-m", "build", "-o", out, ROOT, cwd=out.parent)
+
+
 def check_wheel_contents(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -53,6 +59,15 @@ def check_wheel_contents(wheel: Path) -> None:
             names
         )
         assert "redis_txmq/lua/include/repeat_wake.lua" in names
+        assert not [
+            name
+            for name in names
+            if name.startswith("redis_txmq/")
+            and name.endswith(".py")
+            and not (
+                ROOT / name.replace("redis_txmq/checker/", "checker/").replace("redis_txmq/spark/", "spark_connector/")
+            ).is_file()
+        ], "the wheel holds a module the source tree does not"
         assert not [name for name in names if name.lower().endswith(".png")]
         assert "redis_txmq/py.typed" in names and "redis_txmq/lua/end_transaction.lua" in names
         (license_file,) = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
@@ -64,7 +79,7 @@ def check_wheel_contents(wheel: Path) -> None:
 
 @pytest.mark.slow
 def test_wheel_install_sends_a_transaction(tmp_path, real_client, redis_url):
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "dist", ROOT, cwd=tmp_path)
+    build_wheel(tmp_path / "dist")
     (wheel,) = (tmp_path / "dist").glob("redis_txmq-*.whl")
     check_wheel_contents(wheel)
     run(sys.executable, "-m", "venv", tmp_path / "venv", cwd=tmp_path)
@@ -86,7 +101,7 @@ def test_wheel_install_sends_a_transaction(tmp_path, real_client, redis_url):
 
 IMPORTS = textwrap.dedent(
     """
-    import importlib, json, sys
+    import importlib, importlib.machinery, json, sys
     names = json.loads(sys.argv[1])
     failed = {}
     for name in names:
@@ -94,13 +109,8 @@ IMPORTS = textwrap.dedent(
             importlib.import_module(name)
         except Exception as exc:
             failed[name] = repr(exc)
-    tops = []
-    for top in ("checker", "spark_connector", "bench"):
-        try:
-            importlib.import_module(top)
-            tops.append(top)
-        except ImportError:
-            pass
+    # installed at the top level (an old name imported after redis_txmq is an alias with a warning, not installed)
+    tops = [top for top in ("checker", "spark_connector", "bench") if importlib.machinery.PathFinder.find_spec(top)]
     import redis_txmq.core.scripts
     lua = redis_txmq.core.scripts.script_source("heartbeat")[:20]
     print(json.dumps({"failed": failed, "top_level": tops, "lua": lua}))
@@ -117,7 +127,7 @@ def test_wheel_and_editable_install_import_the_same_names(tmp_path):
     pyspark = pytest.importorskip("pyspark", reason="redis_txmq.spark imports pyspark: the spark extra")
     site = Path(pyspark.__file__).parent.parent
     assert not (site / "redis_txmq").exists(), "this environment holds a copy of redis_txmq, not an editable install"
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "dist", ROOT, cwd=tmp_path)
+    build_wheel(tmp_path / "dist")
     (wheel,) = (tmp_path / "dist").glob("redis_txmq-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         files = [name for name in archive.namelist() if name.endswith(".py")]

@@ -47,6 +47,8 @@ key                                   type    holds
 ``txmq:sink:{K}``                     hash    streaming sink K: ``last_batch``, the last micro-batch it committed
 ``txmq:jobs``                         zset    write jobs not settled yet -> when the checker looks at each next (ms:
                                               its lease's end, its decision's time + transaction_timeout; +inf: parked)
+``txmq:audit``                        stream  what operators did in the console: who, action, transaction, result
+                                              (capped near ``AUDIT_MAXLEN`` entries)
 ====================================  ======  ==========================================================
 
 The Lua scripts that change a transaction receive ``TopicKeys.script_keys`` as KEYS, in that order;
@@ -321,3 +323,10 @@ class JobKeys:
             return cls(tag)
         batch = int(rest.lstrip(":"))
         return cls(f"{tag}.{batch}", tag, batch)
+
+
+AUDIT_STREAM = f"{PREFIX}:audit"
+"""The console's audit trail: one entry per action an operator took (``redis_txmq.ops.console``), read back by its
+audit page; outside every topic's slot, written by the operator's user only."""
+AUDIT_MAXLEN = 10_000
+"""Approximate cap of ``AUDIT_STREAM`` (``XADD MAXLEN ~``): the recent actions, not an archive."""

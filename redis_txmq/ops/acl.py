@@ -1,4 +1,5 @@
-"""Least-privilege ACL rules for each part: a producer, a checker, a consumer, a Spark reader and a Spark writer.
+"""Least-privilege ACL rules for each part: a producer, a checker, a consumer, a Spark reader, a Spark writer and the
+console (read-only).
 
 Each rule names only the keys of the part's topics and groups (``redis_txmq.core.keys``) and only the commands it sends,
 including those its Lua scripts call: Redis checks every command inside a script against the caller's ACL, so a script
@@ -12,6 +13,7 @@ from collections.abc import Iterable
 
 from ..core.errors import ConfigurationError
 from ..core.keys import (
+    AUDIT_STREAM,
     CHECKER_INSTANCES,
     CHECKER_LEVELS,
     GROUP_REGISTRY,
@@ -125,10 +127,37 @@ SPARK_WRITER_COMMANDS = (
     "xtrim",
 )
 """A Spark writer's: its stages, its jobs' decisions (and a sink's last batch), publishing into the topic streams."""
+CONSOLE_COMMANDS = (
+    *CONNECTION,
+    "info",
+    "time",
+    "exists",
+    "hget",
+    "hmget",
+    "hexists",
+    "hlen",
+    "hgetall",
+    "hscan",
+    "smembers",
+    "scard",
+    "zcount",
+    "zcard",
+    "zrange",
+    "zrangebyscore",
+    "xlen",
+    "xrange",
+    "xrevrange",
+    "xpending",
+    "xinfo|groups",
+    "xinfo|stream",
+)
+"""The console's (``txmq console``): reads only, and on read-only key patterns (``%R~``) besides: what it shows is
+``txmq status``'s figures, the messages and transactions of the topics, the write jobs and the audit trail. Its
+actions run under the operator's own user, never this one."""
 DECISIONS = f"{PREFIX}:decision:*"
 """Decisions of transactions of several messages: named by random transaction ids, so no narrower pattern fits."""
 JOBS = (JOB_REGISTRY, f"{PREFIX}:job:*", f"{PREFIX}:sink:*")
-ROLES = ("producer", "checker", "consumer", "spark", "spark-writer")
+ROLES = ("producer", "checker", "consumer", "spark", "spark-writer", "console")
 DURABILITY_COMMANDS: dict[str, tuple[str, ...]] = {"master": (), "replica": ("wait",), "aof": ("waitaof",)}
 """What a durability level adds to the roles that write (producer, checker, Spark writer): its confirming command
 (``WAITAOF`` exists from Redis 7.2 on: an older server refuses the rule)."""
@@ -156,13 +185,16 @@ def acl_rules(
     in parentheses, is one argument): a producer of
     ``producer_groups`` (one, usually), a checker of every group in ``producer_groups`` (empty: all groups), a
     consumer in ``consumer_group``, a Spark reader (read-only keys) or a Spark writer (its stages, its jobs, the
-    topic streams). Starts with ``resetkeys -@all``. A ``durability`` level other than ``master`` allows its
-    confirming command to the roles that write."""
+    topic streams), or the console (read-only: every key it reads, of ``topics``, or of every topic when none is
+    named). Starts with ``resetkeys -@all``. A ``durability`` level other than ``master`` allows its confirming
+    command to the roles that write."""
     topics = list(topics)
     if role not in ROLES:
         raise ConfigurationError(f"ACL role must be one of {', '.join(ROLES)}, got {role!r}")
     if durability not in DURABILITY_COMMANDS:
         raise ConfigurationError(f"durability must be one of {', '.join(DURABILITY_COMMANDS)}, got {durability!r}")
+    if role == "console":
+        return _console_rules(topics)
     if not topics:
         raise ConfigurationError(f"ACL rules for a {role}: name at least one topic")
     groups = list(producer_groups)
@@ -204,3 +236,14 @@ def acl_rules(
         return ["resetkeys", *keys, "resetchannels", "-@all", *(f"+{c}" for c in SPARK_COMMANDS)]
     commands += DURABILITY_COMMANDS[durability]
     return ["resetkeys", *(f"~{k}" for k in keys), "resetchannels", "-@all", *(f"+{c}" for c in commands)]
+
+
+def _console_rules(topics: list[str]) -> list[str]:
+    """Read-only patterns (``%R~``) for the console: the topics' keys (any key when no topic is named: topic names
+    are the stream keys themselves, so "every topic" has no narrower pattern), the registries, producer groups,
+    checkers, decisions, write jobs and the audit trail."""
+    keys = _topic_keys(topics) if topics else ["*"]
+    keys += [TOPIC_REGISTRY, GROUP_REGISTRY, SCHEDULE, CHECKER_INSTANCES, CHECKER_LEVELS, f"{PREFIX}:group:*"]
+    keys += [DECISIONS, *JOBS, AUDIT_STREAM]
+    commands = (f"+{c}" for c in CONSOLE_COMMANDS)
+    return ["resetkeys", *(f"%R~{k}" for k in dict.fromkeys(keys)), "resetchannels", "-@all", *commands]

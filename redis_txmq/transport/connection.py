@@ -11,7 +11,18 @@ from typing import Any, TypeVar
 import redis
 from redis.cluster import RedisCluster
 
+# Defined here in 0.1.0, in redis_txmq.core.clients since 0.2.0: importable from here (and from the old path
+# redis_txmq.connection) for one release.
+from ..core.clients import CLUSTER_UNAVAILABLE as CLUSTER_UNAVAILABLE
+from ..core.clients import REDIRECTIONS as REDIRECTIONS
 from ..core.clients import REDIS_ERRORS, is_async_cluster, is_sentinel_url, redact_url
+from ..core.clients import REDIS_PY_SOCKET_TIMEOUT as REDIS_PY_SOCKET_TIMEOUT
+from ..core.clients import blocking_slice as blocking_slice
+from ..core.clients import connection_error_of as connection_error_of
+from ..core.clients import connection_errors as connection_errors
+from ..core.clients import instance_id as instance_id
+from ..core.clients import is_cluster as is_cluster
+from ..core.clients import socket_timeout_of as socket_timeout_of
 from ..core.config import Settings
 from ..core.errors import ConfigurationError
 from . import sentinel

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..core.clients import SENTINEL_SCHEMES as SCHEMES
+from ..core.clients import is_sentinel_url as is_sentinel_url  # defined here in 0.1.0
 from ..core.clients import redact_sentinel_url as redact
 from ..core.errors import ConfigurationError
 

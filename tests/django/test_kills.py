@@ -18,8 +18,8 @@ from django.db import connections
 from orders.billing import BILLING_GROUP
 from orders.models import Invoice, Order
 from orders.txmq import TOPIC
-from redis_txmq.checker import Checker
 
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys
 
 from ..helpers import pending, wait_until

@@ -19,10 +19,10 @@ from django.db import IntegrityError, connections, transaction
 from django.test import AsyncClient, Client
 from orders import txmq as example_txmq
 from orders.models import Order
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
 from redis_txmq import asyncio as txmq_asyncio
+from redis_txmq.checker import Checker
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.django import TransactionLog
 from redis_txmq.django.models import TransactionLogEntry

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
-from redis_txmq.checker import Checker
 
 from redis_txmq import LocalTransactionState, Message, Settings, TransactionProducer
+from redis_txmq.checker import Checker
 from redis_txmq.core.errors import ConfigurationError
 from redis_txmq.core.keys import TopicKeys
 from redis_txmq.django import TransactionLog

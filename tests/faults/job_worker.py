@@ -55,15 +55,15 @@ from typing import Any
 
 import pyarrow as pa
 import redis
-import redis_txmq.spark.writer
 from pyspark.sql.types import StringType, StructField, StructType
-from redis_txmq.spark.writer import BatchWriter, StagedRows, StreamWriter, parse_write_options
 
 import redis_txmq.jobs.stages
+import redis_txmq.spark.writer
 from redis_txmq.core.errors import TxMQConnectionError
 from redis_txmq.core.keys import JobKeys
 from redis_txmq.core.topics import partition_keys
 from redis_txmq.jobs import JobDecision, WriteJob
+from redis_txmq.spark.writer import BatchWriter, StagedRows, StreamWriter, parse_write_options
 
 logger = logging.getLogger("faults.jobs")
 
