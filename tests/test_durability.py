@@ -34,6 +34,7 @@ from redis_txmq.core.durability import Durability
 from redis_txmq.core.errors import DurabilityError
 from redis_txmq.core.keys import JOB_REGISTRY, TopicKeys
 from redis_txmq.jobs import STAGE_ROWS_FIELD, WriteJob, settle_jobs
+from redis_txmq.sync.preload import preload
 from redis_txmq.transport.embedded import EmbeddedRedis
 
 from .helpers import wait_until
@@ -190,7 +191,7 @@ def test_an_instance_gone_for_good_leaves_no_durability_level_behind(real_client
     keys = GroupKeys("durable")
     gone = Heartbeat(real_client, keys.producers, keys.durability_levels, "gone", 0.1, "replica")
     live = Heartbeat(real_client, keys.producers, keys.durability_levels, "live", 0.1, "master")
-    gone.load()
+    preload(gone.script)
     gone.beat()
     assert real_client.hgetall(keys.durability_levels) == {b"gone": b"replica"}
     real_client.zadd(keys.producers, {"gone": 0})  # its last beat long ago: more than 10 live periods

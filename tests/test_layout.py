@@ -15,6 +15,7 @@ from redis_txmq.core.errors import TxMQError
 from redis_txmq.core.heartbeat import Heartbeat
 from redis_txmq.core.keys import GROUP_REGISTRY, GroupKeys
 from redis_txmq.core.layout import LAYOUT_VERSION, legacy_producers
+from redis_txmq.sync.preload import preload
 
 from .helpers import ScriptedListener, wait_until
 
@@ -101,7 +102,7 @@ def test_a_record_left_by_an_instance_dropped_without_the_third_key_is_removed(r
 
 def test_a_layout_key_without_a_version_is_refused(real_client: redis.Redis) -> None:
     beat = producer_beat(real_client, "shop", "p1")
-    beat.load()
+    preload(beat.script)
     keys = [beat.instances_key, beat.levels_key, beat.layouts_key]
     for args in (["p1", 3000, "beat", "master"], ["p1", 3000, "beat", "master", "0"], ["p1", 3000, "beat", "", "x"]):
         with pytest.raises(redis.ResponseError, match="layout version"):

@@ -80,7 +80,7 @@ def old_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [
             sys.executable,
             "-c",
-            "import checker, redis_txmq, redis_txmq.core.scripts as s; print(redis_txmq.__version__); "
+            "import checker, redis_txmq, redis_txmq.scripts as s; print(redis_txmq.__version__); "
             "print(redis_txmq.__file__); print(checker.__file__); print(s._read.__wrapped__('heartbeat.lua'))",
         ],
         env=release_env(folder, {}),
