@@ -193,6 +193,11 @@ def test_the_build_lists_every_package() -> None:
         if path.name == "__init__.py" and "migrations" not in name.split(".")[-1:]
     }
     packages |= {"redis_txmq.django.migrations", "redis_txmq.lua", "redis_txmq.lua.include"}
+    # folders of data files inside a package (templates, static assets): listed so that setuptools ships them
+    for folder in (ROOT / "redis_txmq").rglob("*"):
+        if folder.is_dir() and "__pycache__" not in folder.parts and not (folder / "__init__.py").exists():
+            assert not list(folder.glob("*.py")), f"{folder}: Python files in a folder without __init__.py"
+            packages.add(".".join(folder.relative_to(ROOT).parts))
     assert listed == packages, f"pyproject's packages: missing {packages - listed}, extra {listed - packages}"
     assert options["package-dir"] == {
         "redis_txmq.checker": "checker",

@@ -435,25 +435,31 @@ def dead_letters(client: Any, topic: str | None = None, count: int = 1000) -> li
     ``check_times``, ...). The body is left out; read it from the dead-letter stream."""
     if topic is not None:
         validate_name(topic, "topic")
-    rows = []
-    for keys in registered_topics(client, topic):
-        for entry_id, raw in client.xrange(keys.dead_stream, count=count):
-            fields = entries.field_map(raw)
-            row: dict[str, Any] = {
-                "transaction_id": entries.text(fields.get(entries.TRANSACTION_ID)),
-                "topic": keys.topic,
-                "stream": keys.topic_stream,
-                "dead_letter_id": entries.text(entry_id),
-                "producer_group": entries.text(fields.get(entries.PRODUCER_GROUP)),
-                "keys": entries.text(fields.get(entries.KEYS)),
-                "tags": entries.text(fields.get(entries.TAGS)),
-                "body_bytes": len(fields.get(entries.BODY, b"")),
-            }
-            for field, name in DEAD_FIELDS.items():
-                row[name] = entries.text(fields.get(field))
-            row["check_times"] = int(row["check_times"] or 0)
-            rows.append(row)
-    return rows
+    return [
+        dead_letter_row(keys, entry_id, raw)
+        for keys in registered_topics(client, topic)
+        for entry_id, raw in client.xrange(keys.dead_stream, count=count)
+    ]
+
+
+def dead_letter_row(keys: TopicKeys, entry_id: Any, raw: Any) -> dict[str, Any]:
+    """One entry of a dead-letter stream as ``txmq dead list`` and the console show it (without the body)."""
+    fields = entries.field_map(raw)
+    row: dict[str, Any] = {
+        "transaction_id": entries.text(fields.get(entries.TRANSACTION_ID)),
+        "topic": keys.topic,
+        "stream": keys.topic_stream,
+        "dead_letter_id": entries.text(entry_id),
+        "producer_group": entries.text(fields.get(entries.PRODUCER_GROUP)),
+        "keys": entries.text(fields.get(entries.KEYS)),
+        "tags": entries.text(fields.get(entries.TAGS)),
+        "body_bytes": len(fields.get(entries.BODY, b"")),
+        "parent_transaction_id": entries.text(fields.get(entries.PARENT_TRANSACTION_ID)),
+    }
+    for field, name in DEAD_FIELDS.items():
+        row[name] = entries.text(fields.get(field))
+    row["check_times"] = int(row["check_times"] or 0)
+    return row
 
 
 MAX_LISTED_CANDIDATES = 10

@@ -13,7 +13,7 @@ import math
 import re
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +50,10 @@ class ConsoleOptions:
 
     refresh_seconds: float = 2.0
     """The pages poll every this often; ``admin.status`` is read at most once per period, whoever asks."""
+    streams_per_second: float = 500.0
+    """At most this many topic streams read per second on average for the status snapshot: with thousands of topic
+    streams it is read less often than ``refresh_seconds`` (every 20 s at 10,000), so that a page left open costs
+    Redis at most about 1% of a core (a read costs it about 5 µs per stream)."""
     in_flight_bound_seconds: float = 60.0
     """A transaction in flight longer than this is listed on the overview."""
     unknown_checks: int = 3
@@ -175,31 +179,89 @@ def _preview(body: bytes | None, length: int = 120) -> str:
 
 
 class StatusCache:
-    """``admin.status``, read at most once per ``refresh_seconds`` for every page and poll (one lock: concurrent
-    polls wait for the one read in progress rather than each reading)."""
+    """``admin.status``, read at most once per period for every page and poll: ``refresh_seconds``, or one second
+    per ``streams_per_second`` topic streams when longer (``period``).
 
-    def __init__(self, client: Any, live_seconds: float, refresh_seconds: float) -> None:
+    While a read is quick it is made in the request that finds the snapshot too old (one lock: concurrent polls wait
+    for the one read in progress rather than each reading). Once one took longer than ``SLOW_READ_SECONDS``
+    (thousands of topics), the next is made in a thread of its own and pages are served the last snapshot meanwhile
+    (its time is on the page): no page waits for a read of every topic. A background read that fails is raised to
+    the next caller, and the snapshot is dropped: the pages show the error, then read anew."""
+
+    SLOW_READ_SECONDS = 0.1
+
+    def __init__(
+        self, client: Any, live_seconds: float, refresh_seconds: float, streams_per_second: float = math.inf
+    ) -> None:
         self.client = client
         self.live_seconds = live_seconds
         self.refresh_seconds = refresh_seconds
+        self.streams_per_second = streams_per_second
         self._lock = threading.Lock()
         self._read_at = -math.inf
         self._report: dict[str, Any] | None = None
         self._now_ms = 0
+        self._took = 0.0
+        self._reading: threading.Thread | None = None
+        self._failed: Exception | None = None
+        self._wait_next = False
+        self._started = -math.inf
+        self._fresh_from = -math.inf
+
+    def period(self) -> float:
+        """Seconds between two reads now."""
+        streams = len(self._report["topics"]) if self._report is not None else 0
+        return max(self.refresh_seconds, streams / self.streams_per_second)
 
     def get(self) -> tuple[dict[str, Any], int]:
         """The status report and the server time (ms) it was read at."""
         with self._lock:
-            if self._report is None or time.monotonic() - self._read_at >= self.refresh_seconds:
-                now_ms = _server_ms(self.client)
-                self._report = admin.status(self.client, live_seconds=self.live_seconds)
-                self._now_ms, self._read_at = now_ms, time.monotonic()
-            return self._report, self._now_ms
+            if self._failed is not None:
+                failed, self._failed, self._report = self._failed, None, None
+                raise failed
+            if self._report is not None and time.monotonic() - self._read_at < self.period():
+                return self._report, self._now_ms
+            if self._report is not None and self._took >= self.SLOW_READ_SECONDS and not self._wait_next:
+                if self._reading is None:
+                    self._reading = threading.Thread(target=self._read_aside, name="txmq-console-status", daemon=True)
+                    self._reading.start()
+                return self._report, self._now_ms
+            self._store(*self._read())
+            return self._report, self._now_ms  # type: ignore[return-value]  # just stored
+
+    def _read(self) -> tuple[dict[str, Any], int, float, float]:
+        started = time.monotonic()
+        now_ms = _server_ms(self.client)
+        report = admin.status(self.client, live_seconds=self.live_seconds)
+        return report, now_ms, time.monotonic() - started, started
+
+    def _store(self, report: dict[str, Any], now_ms: int, took: float, started: float) -> None:
+        self._report, self._now_ms, self._took, self._started = report, now_ms, took, started
+        self._read_at, self._wait_next = time.monotonic(), False
+
+    def _newest(self, started: float) -> bool:
+        """A read that started then is newer than the snapshot and than the last action."""
+        return started > self._started and started >= self._fresh_from
+
+    def _read_aside(self) -> None:
+        started = time.monotonic()
+        try:
+            read = self._read()
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the next page raises it (its error handlers)
+            with self._lock:
+                self._reading = None
+                if self._newest(started):
+                    self._failed = exc
+            return
+        with self._lock:
+            self._reading = None
+            if self._newest(started):
+                self._store(*read)
 
     def invalidate(self) -> None:
-        """After an action: the next page shows what it changed."""
+        """After an action: the next page reads anew, and waits for it, to show what the action changed."""
         with self._lock:
-            self._read_at = -math.inf
+            self._read_at, self._wait_next, self._fresh_from = -math.inf, True, time.monotonic()
 
 
 class RateSampler:
@@ -310,12 +372,17 @@ def sparkline(values: list[float], width: int = 240, height: int = 40) -> dict[s
 class ConsoleQueries:
     """The reads of every page, on one client (the console's read-only user)."""
 
+    REMEMBERED = 1000
+    """Transactions whose stream is remembered (``_locate``), the most recently looked up."""
+
     def __init__(self, client: Any, live_seconds: float, options: ConsoleOptions) -> None:
         self.client = client
         self.options = options
         self.live_seconds = live_seconds
-        self.cache = StatusCache(client, live_seconds, options.refresh_seconds)
+        self.cache = StatusCache(client, live_seconds, options.refresh_seconds, options.streams_per_second)
         self.rates = RateSampler(client, options.rates_window_seconds, options.rates_bucket_seconds)
+        self._found_in: OrderedDict[str, list[TopicKeys]] = OrderedDict()
+        self._found_lock = threading.Lock()
 
     # overview ---------------------------------------------------------------------------------------------------
 
@@ -545,7 +612,7 @@ class ConsoleQueries:
         record = {entries.text(k): entries.text(v) for k, v in self.client.hgetall(decision_key(parent)).items()}
         several = bool(record) or "." in transaction_id
         ids = [f"{parent}.{i}" for i in range(MAX_PARTS)] if several else [transaction_id]
-        found = self._find(streams, ids, now_ms)
+        found = self._find(streams, ids, now_ms) if several else self._locate(transaction_id, report, now_ms)
         if not found:
             found = self._scan(streams, now_ms, lambda fields: entries.text(fields.get(entries.TRANSACTION_ID)) in ids)
         if not found and not record:
@@ -572,18 +639,60 @@ class ConsoleQueries:
             "messages": found,
         }
 
-    def _find(self, streams: list[TopicKeys], ids: list[str], now_ms: int) -> list[dict[str, Any]]:
-        """Each of ``ids`` in flight, ended or dead-lettered in any of ``streams``: three HMGETs per stream, then the
-        details of what was found."""
+    def _locate(self, transaction_id: str, report: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
+        """A transaction of one message, by its id: first in the stream it was found in last (a page left open asks
+        every 2 s), then where the snapshot shows it could be, then everywhere (the snapshot may be older than the
+        transaction). At thousands of topics that is one HMGET or two per stream instead of three, and a page left
+        open on a transaction asks one stream."""
+        with self._found_lock:
+            hinted = self._found_in.get(transaction_id)
+        found = self._find(hinted, [transaction_id], now_ms) if hinted else []
+        if not found:
+            streams = [topic_keys_of_stream(t["stream"]) for t in report["topics"]]
+            figures = {t["stream"]: t for t in report["topics"]}
+            found = self._find(streams, [transaction_id], now_ms, figures) or self._find(
+                streams, [transaction_id], now_ms
+            )
+        with self._found_lock:
+            if found:
+                self._found_in[transaction_id] = list(dict.fromkeys(topic_keys_of_stream(r["stream"]) for r in found))
+                self._found_in.move_to_end(transaction_id)
+                while len(self._found_in) > self.REMEMBERED:
+                    self._found_in.popitem(last=False)
+            else:
+                self._found_in.pop(transaction_id, None)
+        return found
 
-        def queue(pipe: Any, keys: TopicKeys) -> int:
-            pipe.hmget(keys.inflight, ids)
+    def _find(
+        self, streams: list[TopicKeys], ids: list[str], now_ms: int, figures: dict[str, dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
+        """Each of ``ids`` in flight, ended or dead-lettered in any of ``streams``: up to three HMGETs per stream
+        (with ``figures``, the snapshot's rows by stream, only where it shows transactions in flight or dead letters
+        are those asked for), then the details of what was found."""
+        nothing = [None] * len(ids)
+        plan = [
+            (
+                keys,
+                figures is None or bool(figures.get(keys.topic_stream, {}).get("in_flight", 1)),
+                figures is None or bool(figures.get(keys.topic_stream, {}).get("dead_letters", 1)),
+            )
+            for keys in streams
+        ]
+
+        def queue(pipe: Any, step: tuple[TopicKeys, bool, bool]) -> int:
+            keys, in_flight, dead = step
             pipe.hmget(keys.ended, ids)
-            pipe.hmget(keys.dead_index, ids)
-            return 3
+            if in_flight:
+                pipe.hmget(keys.inflight, ids)
+            if dead:
+                pipe.hmget(keys.dead_index, ids)
+            return 1 + in_flight + dead
 
         hits: list[tuple[TopicKeys, str, str, str]] = []  # stream, id, where, value
-        for keys, (inflight, ended, dead) in zip(streams, _pipelined(self.client, streams, queue), strict=True):
+        for (keys, in_flight, dead_asked), replies in zip(plan, _pipelined(self.client, plan, queue), strict=True):
+            ended = replies[0]
+            inflight = replies[1] if in_flight else nothing
+            dead = replies[1 + in_flight] if dead_asked else nothing
             for txid, half, end, dead_id in zip(ids, inflight, ended, dead, strict=True):
                 if half is not None:
                     hits.append((keys, txid, "inflight", entries.text(half) or ""))
@@ -708,7 +817,8 @@ class ConsoleQueries:
         )
         ids = sorted({r["transaction_id"] for r in rows if r["transaction_id"]})
         if ids:
-            known = {(r["stream"], r["transaction_id"]): r for r in self._find(streams, ids, now_ms)}
+            where = list(dict.fromkeys(topic_keys_of_stream(r["stream"]) for r in rows))  # only where they were found
+            known = {(r["stream"], r["transaction_id"]): r for r in self._find(where, ids, now_ms)}
             for row in rows:
                 found = known.get((row["stream"], row["transaction_id"]))
                 if found:
@@ -896,22 +1006,8 @@ def _half_row(half_id: Any, fields: dict[str, bytes], now_ms: int) -> dict[str, 
 
 
 def _dead_row(keys: TopicKeys, entry_id: Any, raw: Any, now_ms: int) -> dict[str, Any]:
-    """A dead letter as ``admin.dead_letters`` shows it, with its age."""
-    fields = _text_fields(raw)
-    row: dict[str, Any] = {
-        "transaction_id": entries.text(fields.get(entries.TRANSACTION_ID)),
-        "topic": keys.topic,
-        "stream": keys.topic_stream,
-        "dead_letter_id": entries.text(entry_id),
-        "producer_group": entries.text(fields.get(entries.PRODUCER_GROUP)),
-        "keys": entries.text(fields.get(entries.KEYS)),
-        "tags": entries.text(fields.get(entries.TAGS)),
-        "body_bytes": len(fields.get(entries.BODY, b"")),
-        "parent_transaction_id": entries.text(fields.get(entries.PARENT_TRANSACTION_ID)),
-    }
-    for field, name in admin.DEAD_FIELDS.items():
-        row[name] = entries.text(fields.get(field))
-    row["check_times"] = int(row["check_times"] or 0)
+    """A dead letter as ``txmq dead list`` shows it (``admin.dead_letter_row``), with its age."""
+    row = admin.dead_letter_row(keys, entry_id, raw)
     dead_at = int(row["dead_at_ms"]) if (row["dead_at_ms"] or "").isdigit() else _id_ms(entry_id)
     row["dead_at_ms"] = dead_at
     row["age_seconds"] = max(0.0, (now_ms - dead_at) / 1000)
