@@ -22,6 +22,15 @@ def test_an_invalid_url_is_refused_without_its_password():
         ("redis://operator:s3cret-pw@cache.internal:6380/0", "redis://operator:***@cache.internal:6380/0"),
         ("redis://:s3cret-pw@cache.internal/2", "redis://:***@cache.internal/2"),
         ("redis://cache.internal:6380/0", "redis://cache.internal:6380/0"),
+        # redis-py also reads a password from the query string
+        ("redis://operator@cache.internal/0?password=s3cret-pw", "redis://operator@cache.internal/0?password=***"),
+        ("redis://cache.internal/0?db=1&PassWord=s3cret-pw", "redis://cache.internal/0?db=1&PassWord=***"),
+        ("redis://cache.internal/0?pass%77ord=s3cret-pw", "redis://cache.internal/0?pass%77ord=***"),
+        ("rediss://:a@cache.internal/0?password=s3cret-pw", "rediss://:***@cache.internal/0?password=***"),
+        (
+            "redis+sentinel://s1:26379/mymaster?password=s3cret-pw&sentinel_password=s3cret-pw",
+            "redis+sentinel://s1:26379/mymaster?password=***&sentinel_password=***",
+        ),
     ],
 )
 def test_urls_are_shown_without_their_password(url, shown):

@@ -10,7 +10,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
@@ -98,7 +98,8 @@ def instance_id(kind: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password, for logs and errors."""
+    """The URL without its password (before the host, or a ``password=`` of its query: redis-py reads both), for
+    logs, errors and pages."""
     if is_sentinel_url(url):
         return redact_sentinel_url(url)
     try:
@@ -106,14 +107,30 @@ def redact_url(url: str) -> str:
         password, port = parts.password, parts.port
     except ValueError:
         return "<unparsable redis url>"
+    query = _redact_query(parts.query)
     if password is None:
-        return url
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
     user = parts.username or ""
     host = parts.hostname or ""
     if port:
         host = f"{host}:{port}"
     netloc = f"{user}:***@{host}" if user else f":***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+SECRET_QUERY_NAMES = frozenset({"password", "sentinel_password"})
+"""Query arguments of a Redis URL that hold a password (redis-py's ``from_url`` and our Sentinel URLs)."""
+
+
+def _redact_query(query: str) -> str:
+    """``query`` with the value of each password argument replaced by ``***`` (whatever its case or encoding)."""
+    if not query:
+        return query
+    pairs = []
+    for pair in query.split("&"):
+        name, eq, _ = pair.partition("=")
+        pairs.append(f"{name}=***" if eq and unquote(name).strip().lower() in SECRET_QUERY_NAMES else pair)
+    return "&".join(pairs)
 
 
 def is_sentinel_url(url: str) -> bool:
@@ -128,8 +145,4 @@ def redact_sentinel_url(url: str) -> str:
     userinfo, at, hosts = netloc.rpartition("@")
     if at and ":" in userinfo:
         userinfo = userinfo.split(":", 1)[0] + ":***"
-    if query:
-        query = "&".join(
-            "sentinel_password=***" if pair.startswith("sentinel_password=") else pair for pair in query.split("&")
-        )
-    return f"{scheme}{sep}{userinfo}{at}{hosts}{slash}{path}{question}{query}"
+    return f"{scheme}{sep}{userinfo}{at}{hosts}{slash}{path}{question}{_redact_query(query)}"
