@@ -191,7 +191,7 @@ def _console(client: Any) -> Any:
 
     from redis_txmq.ops.console.app import create_app
 
-    return TestClient(create_app(client, Settings(), operator_token=None))
+    return TestClient(create_app(client, Settings(), operator_token=None), base_url="http://127.0.0.1")
 
 
 def _get(web: Any, path: str, live: bool = False) -> float:

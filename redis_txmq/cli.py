@@ -710,12 +710,23 @@ CONSOLE_ACTION_URL_ENV = "TXMQ_CONSOLE_OPERATOR_REDIS_URL"
 @cluster_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen on this address (0.0.0.0: every one).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8640, show_default=True, help="Listen on this port.")
-def console_command(redis_url: str | None, cluster: bool | None, host: str, port: int) -> None:
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A host name requests may name the console by, besides --host and localhost (repeat for more): the name "
+    "of a proxy in front of it. '*' allows any.",
+)
+def console_command(
+    redis_url: str | None, cluster: bool | None, host: str, port: int, allowed_hosts: tuple[str, ...]
+) -> None:
     """Serve the web console: overview, topics, transactions, dead letters, write jobs, audit (and their JSON).
 
     Read-only unless TXMQ_CONSOLE_OPERATOR_TOKEN is set (an environment variable, never an option: an option's value
     shows in the process list): operators log in with it to commit, roll back or recheck dead letters. Actions run
-    on TXMQ_CONSOLE_OPERATOR_REDIS_URL when set (the operator's Redis user), else on --redis-url."""
+    on TXMQ_CONSOLE_OPERATOR_REDIS_URL when set (the operator's Redis user), else on --redis-url. It answers
+    requests naming it by --host, localhost, 127.0.0.1, ::1 or an --allowed-host only."""
     try:
         import uvicorn
 
@@ -728,7 +739,12 @@ def console_command(redis_url: str | None, cluster: bool | None, host: str, port
     token = os.environ.get(CONSOLE_TOKEN_ENV) or None
     action_url = os.environ.get(CONSOLE_ACTION_URL_ENV) or None
     client = _client(settings)
-    action_client = _connect(action_url, cluster=settings.cluster) if action_url else None
+    try:
+        action_client = _connect(action_url, cluster=settings.cluster) if action_url else None
+    except CommandError as exc:
+        raise CommandError(f"{CONSOLE_ACTION_URL_ENV}: {exc.format_message()}") from None
+    except REDIS_ERRORS as exc:  # a cluster client asks for the slots when it is made
+        raise CommandError(f"{CONSOLE_ACTION_URL_ENV}: {_one_line(_describe(exc, action_url), action_url)}") from None
     _remember_url(settings.redis_url)
     try:
         app = create_app(
@@ -738,7 +754,10 @@ def console_command(redis_url: str | None, cluster: bool | None, host: str, port
             action_client=action_client,
             redis_url=settings.redis_url,
             action_redis_url=action_url,
+            allowed_hosts=[f"[{host}]" if ":" in host else host, *allowed_hosts],  # an IPv6 Host is bracketed
         )
+    except ConfigurationError as exc:  # an --allowed-host
+        raise CommandError(str(exc)) from None
     except TxMQError as exc:
         raise CommandError(f"{exc} ({CONSOLE_TOKEN_ENV})") from None
     mode = "operators may act after logging in" if token else f"read-only (set {CONSOLE_TOKEN_ENV} to allow actions)"

@@ -17,6 +17,7 @@ import redis
 
 from redis_txmq import LocalTransactionState, Message, Settings
 from redis_txmq.checker import Checker
+from redis_txmq.core.errors import TxMQError
 from redis_txmq.core.keys import AUDIT_STREAM, TopicKeys
 from redis_txmq.ops import admin
 from redis_txmq.ops.acl import acl_rules
@@ -73,9 +74,13 @@ def seeded(real_client: redis.Redis) -> dict[str, str]:
     return seed(real_client)
 
 
+LOCAL = "http://127.0.0.1"
+"""The console answers requests naming it by a local name (or an allowed host), not the test client's default."""
+
+
 def console(client: Any, token: str | None = TOKEN, **kwargs: Any) -> TestClient:
     app = create_app(client, SETTINGS, operator_token=token, options=kwargs.pop("options", FAST), **kwargs)
-    return TestClient(app, raise_server_exceptions=False)
+    return TestClient(app, raise_server_exceptions=False, base_url=LOCAL)
 
 
 def csrf_of(html: str) -> str:
@@ -223,15 +228,15 @@ def test_a_dead_letter_committed_from_the_console_is_published_once_and_audited(
     assert "already done" in again.text
     assert [f[b"body"] for _, f in real_client.xrange("payments")] == [b"pay"]
     assert real_client.xlen(TopicKeys("payments").dead_stream) == 0
-    audit = web.get("/api/audit").json()["rows"]
-    assert [(r["operator"], r["action"], r["transaction_id"], r["topic"]) for r in audit][-1] == (
-        "alice",
-        "commit",
-        "tx-dead",
-        "payments",
-    )
-    assert real_client.xlen(AUDIT_STREAM) == 2
-    assert 'data-transaction="tx-dead" data-action="commit"' in web.get("/audit").text
+    audit = web.get("/api/audit").json()["rows"]  # newest first: each action's intent, then its outcome
+    assert [(r["operator"], r["action"], r["transaction_id"], r["topic"], r["phase"], r["ok"]) for r in audit] == [
+        ("alice", "commit", "tx-dead", "payments", "outcome", "1"),
+        ("alice", "commit", "tx-dead", "payments", "intent", ""),
+        ("alice", "commit", "tx-dead", "payments", "outcome", "1"),
+        ("alice", "commit", "tx-dead", "payments", "intent", ""),
+    ]
+    assert audit[-2]["intent"] == audit[-1]["id"] and audit[-2]["outcome"] == "done"
+    assert 'data-transaction="tx-dead" data-action="commit" data-phase="intent"' in web.get("/audit").text
 
 
 def test_actions_need_the_csrf_token_and_a_login(real_client: redis.Redis, seeded: dict[str, str]) -> None:
@@ -266,9 +271,9 @@ def test_read_only_mode_has_no_forms_and_refuses_posts(real_client: redis.Redis,
 @pytest.mark.parametrize(
     ("path", "status", "says"),
     [
-        ("/topics?size=0", 400, "size must be between 1 and 500"),
-        ("/topics?size=100000", 400, "size must be between"),
-        ("/topics?page=x", 400, "whole numbers"),
+        ("/topics?size=0", 400, "size must be a whole number between 1 and 500"),
+        ("/topics?size=100000", 400, "size must be a whole number between"),
+        ("/topics?page=x", 400, "page must be a whole number"),
         ("/topics?sort=evil", 400, "sort must be one of"),
         ("/dead?min_age=soon", 400, "min_age must be a number"),
         ("/dead?topic=bad%20topic", 400, "topic"),
@@ -277,7 +282,7 @@ def test_read_only_mode_has_no_forms_and_refuses_posts(real_client: redis.Redis,
         ("/topics/nope", 404, "no registered topic"),
         ("/topics/orders?before=yesterday", 400, "stream entry id"),
         ("/no-such-page", 404, "no such page"),
-        ("/api/topics?size=-1", 400, "size must be between"),
+        ("/api/topics?size=-1", 400, "size must be a whole number between"),
         ("/api/transactions", 400, "give ?id="),
     ],
 )
@@ -401,3 +406,320 @@ def test_txmq_acl_prints_the_read_only_console_role() -> None:
     assert "%R~orders " in named.output and "%R~* " not in named.output
     refused = CliRunner().invoke(main, ["acl", "producer", "--group", "g"])
     assert refused.exit_code == 1 and "name at least one topic" in refused.output
+
+
+# what an adversarial review found, each fixed at its cause --------------------------------------------------------
+
+
+def dead_transaction_of_several(client: redis.Redis, topics: list[str], parent: str = "P") -> None:
+    """A transaction of several messages, one on each of ``topics``, its producer gone before deciding: the checker
+    dead-letters every message."""
+    broker = RedisBroker(client, SETTINGS)
+    broker.load_scripts()
+    for i, topic in enumerate(topics):
+        broker.prepare_half(TopicKeys(topic), Message(topic, f"part {i}".encode()), f"{parent}.{i}", GROUP, parent)
+    checker = Checker(client, SETTINGS)
+
+    def dead_lettered() -> bool:
+        checker.run_round()
+        return all(client.hexists(TopicKeys(t).dead_index, f"{parent}.{i}") for i, t in enumerate(topics))
+
+    wait_until(dead_lettered)
+
+
+def audit_records(client: redis.Redis) -> list[dict[str, str]]:
+    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in client.xrange(AUDIT_STREAM)]
+
+
+def test_an_action_stopped_part_way_says_what_it_did_and_a_repeat_finishes_it(real_client: redis.Redis) -> None:
+    dead_transaction_of_several(real_client, ["alpha", "beta"])
+    real_client.set("beta", "not a stream")  # beta's topic key refuses its message: the commit stops after alpha's
+    web = console(real_client)
+    log_in(web)
+    form = {"csrf": csrf_of(web.get("/login").text), "action": "commit", "tx": ["alpha P.0"]}
+    confirm = web.post("/dead/confirm", data=form)
+    assert re.findall(r'data-transaction="(P\.\d)"', confirm.text) == ["P.0", "P.1"]  # what the commit touches
+    done = web.post("/dead/apply", data=form)
+    assert [f[b"transaction_id"] for _, f in real_client.xrange("alpha")] == [b"P.0"]  # published
+    assert real_client.hexists(TopicKeys("beta").dead_index, "P.1")  # not
+    heading = re.search(r'data-testid="applied-heading">([^<]*)<', done.text)
+    assert heading and heading.group(1) == "commit: partly done: read each row"
+    assert 'data-ok="0" data-outcome="partial"' in done.text
+    assert 'data-transaction="P.0" data-state="COMMITTED" data-applied="1"' in done.text
+    assert 'data-transaction="P.1" data-state="DEAD_LETTERED" data-applied="0"' in done.text
+    assert "holds another type than a stream" in done.text and "Run the same action again to finish" in done.text
+    intent, outcome = audit_records(real_client)
+    assert (intent["phase"], intent["ids"]) == ("intent", "P.0 on alpha, P.1 on beta")
+    assert (outcome["phase"], outcome["ok"], outcome["outcome"]) == ("outcome", "0", "partial")
+    assert outcome["applied"].startswith("P.0 on alpha: published as ") and "P.1" not in outcome["applied"]
+
+    real_client.delete("beta")  # repaired: the same action again finishes the job
+    again = web.post("/dead/apply", data=form)
+    assert 'data-ok="1" data-outcome="done"' in again.text
+    assert [f[b"transaction_id"] for _, f in real_client.xrange("beta")] == [b"P.1"]
+    assert [f[b"transaction_id"] for _, f in real_client.xrange("alpha")] == [b"P.0"]  # once
+    assert audit_records(real_client)[-1]["outcome"] == "done"
+
+
+def test_nothing_is_done_without_its_audit_record_of_intent(
+    real_client: redis.Redis, seeded: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = real_client.connection_pool.connection_kwargs
+    rules = acl_rules("checker", topics=["orders", "payments"])  # without ~txmq:audit
+    real_client.execute_command("ACL", "SETUSER", "op", "reset", "on", ">op-password-123", *rules)
+    try:
+        operator = redis.Redis(host=host["host"], port=host["port"], username="op", password="op-password-123")
+        web = console(real_client, action_client=operator)
+        log_in(web)
+        form = {"csrf": csrf_of(web.get("/dead").text), "action": "commit", "tx": ["payments tx-dead"]}
+        refused = web.post("/dead/apply", data=form)
+        assert 'data-ok="0" data-outcome="refused"' in refused.text
+        assert "audit record cannot be written" in refused.text and f"~{AUDIT_STREAM}" in refused.text
+        assert real_client.xlen("payments") == 0 and not real_client.exists(AUDIT_STREAM)
+        assert real_client.hexists(TopicKeys("payments").dead_index, "tx-dead")
+    finally:
+        real_client.execute_command("ACL", "DELUSER", "op")
+
+    seen: list[list[str]] = []
+    resolve = admin.resolve_dead_transaction
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append([r["phase"] for r in audit_records(real_client)])
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(admin, "resolve_dead_transaction", spy)
+    web = console(real_client)
+    log_in(web, "bob")
+    form = {"csrf": csrf_of(web.get("/dead").text), "action": "rollback", "tx": ["payments tx-dead"]}
+    assert 'data-ok="1"' in web.post("/dead/apply", data=form).text
+    assert seen == [["intent"]]  # written before the action ran
+    intent, outcome = audit_records(real_client)
+    assert (intent["operator"], intent["action"], intent["transaction_id"], intent["ids"]) == (
+        "bob",
+        "rollback",
+        "tx-dead",
+        "tx-dead on payments",
+    )
+    assert (outcome["phase"], outcome["outcome"], outcome["intent"]) == (
+        "outcome",
+        "done",
+        real_client.xrange(AUDIT_STREAM)[0][0].decode(),
+    )
+    page = web.get("/audit").text
+    assert 'data-phase="intent"' in page and 'data-phase="outcome" data-outcome="done"' in page
+
+
+def test_every_message_of_a_large_transaction_of_several_is_looked_up(real_client: redis.Redis) -> None:
+    broker = RedisBroker(real_client, SETTINGS)
+    broker.load_scripts()
+    orders = TopicKeys("orders")
+    for i in [*range(70), 450]:
+        broker.prepare_half(orders, Message("orders", b"x"), f"big.{i}", GROUP, "big")
+    broker.decide("big", GROUP, COMMIT, EndSource.PRODUCER)
+    for i in range(64):
+        broker.end_transaction(orders, f"big.{i}", GROUP, COMMIT, source=EndSource.PRODUCER)
+    web = console(real_client)
+
+    first = web.get("/api/transactions", params={"id": "big"}).json()
+    states = [(m["transaction_id"], m["state"]) for m in first["messages"]]
+    assert len(states) == 70 and states[64:] == [(f"big.{i}", "IN_FLIGHT") for i in range(64, 70)]
+    assert first["parts"] == {
+        "page": 1,
+        "pages": 5,
+        "first": 0,
+        "last": 199,
+        "per_page": 200,
+        "max_transaction_messages": 1000,
+        "complete": False,
+    }
+    page = web.get("/transactions", params={"id": "big"}).text
+    assert 'data-complete="0"' in page and 'data-testid="next-parts"' in page
+    third = web.get("/api/transactions", params={"id": "big", "parts": 3}).json()
+    assert [m["transaction_id"] for m in third["messages"]] == ["big.450"]
+    asked = web.get("/api/transactions", params={"id": "big.450"}).json()  # the page holding the message asked for
+    assert asked["parts"]["page"] == 3 and [m["transaction_id"] for m in asked["messages"]] == ["big.450"]
+    assert web.get("/api/transactions", params={"id": "big", "parts": 6}).status_code == 400
+
+    small = create_app(real_client, Settings(max_transaction_messages=100), operator_token=None, options=FAST)
+    whole = TestClient(small, base_url=LOCAL).get("/api/transactions", params={"id": "big"}).json()
+    assert whole["parts"]["complete"] and whole["parts"]["last"] == 99  # all a transaction may hold, on one page
+
+
+def test_a_refused_login_never_logs_what_was_typed(real_client: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    web = console(real_client)
+    csrf = csrf_of(web.get("/login").text)
+    with caplog.at_level("INFO"):
+        swapped = web.post("/login", data={"csrf": csrf, "operator": TOKEN, "token": "alice"})
+        wrong = web.post("/login", data={"csrf": csrf, "operator": "mallory-typed-this", "token": "not-the-token"})
+    assert swapped.status_code == 403 and "operator token in the name field" in swapped.text
+    assert wrong.status_code == 403
+    assert TOKEN not in caplog.text and "mallory-typed-this" not in caplog.text
+    assert caplog.text.count("a login from testclient was refused") == 2
+
+
+def test_logging_out_ends_the_session_for_every_copy_of_its_cookie(
+    real_client: redis.Redis, seeded: dict[str, str]
+) -> None:
+    web = console(real_client)
+    log_in(web)
+    copied = dict(web.cookies)
+    csrf = csrf_of(web.get("/dead").text)
+    form = {"csrf": csrf, "action": "recheck", "tx": ["payments tx-dead"]}
+    assert web.post("/logout", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+    replayed = TestClient(web.app, raise_server_exceptions=False, base_url=LOCAL, cookies=copied)
+    refused = replayed.post("/dead/apply", data=form)
+    assert refused.status_code == 403 and "log in as an operator first" in refused.text
+    assert not real_client.exists(AUDIT_STREAM)
+
+    log_in(web)  # a session lasts SESSION_SECONDS from its login, however often it is used
+    sessions = web.app.state.console.sessions
+    assert 'data-testid="operator"' in web.get("/dead").text
+    started = sessions.clock()
+    sessions.clock = lambda: started + 8 * 3600
+    assert 'data-testid="operator"' not in web.get("/dead").text
+
+
+def test_actions_take_whole_ids_only(real_client: redis.Redis, seeded: dict[str, str]) -> None:
+    web = console(real_client)
+    log_in(web)
+    csrf = csrf_of(web.get("/dead").text)
+    shortened = {"csrf": csrf, "action": "commit", "tx": ["payments tx-"]}
+    confirm = web.post("/dead/confirm", data=shortened)
+    assert confirm.status_code == 400 and "not the whole id of a dead letter" in confirm.text
+    applied = web.post("/dead/apply", data=shortened)
+    assert 'data-ok="0" data-outcome="refused"' in applied.text and "not the whole id" in applied.text
+    assert real_client.xlen("payments") == 0 and not real_client.exists(AUDIT_STREAM)
+    whole = web.post("/dead/confirm", data={**shortened, "tx": ["payments tx-dead"]})
+    assert re.findall(r'data-testid="confirm-id">([^<]*)<', whole.text) == ["tx-dead"]
+    assert 'data-ok="1"' in web.post("/dead/apply", data={**shortened, "tx": ["payments tx-dead"]}).text
+    assert {r["transaction_id"] for r in audit_records(real_client)} == {"tx-dead"}
+
+
+def test_wrong_tokens_are_throttled(real_client: redis.Redis) -> None:
+    web = console(real_client)
+    csrf = csrf_of(web.get("/login").text)
+    for i in range(5):
+        wrong = web.post("/login", data={"csrf": csrf, "operator": "x", "token": f"guess-{i}"})
+        assert wrong.status_code == 403
+    throttled = web.post("/login", data={"csrf": csrf, "operator": "alice", "token": TOKEN}, follow_redirects=False)
+    assert throttled.status_code == 429 and "wrong operator tokens from your address" in throttled.text
+    assert 0 < int(throttled.headers["retry-after"]) <= 60
+    throttle = web.app.state.console.throttle
+    started = throttle.clock()
+    throttle.clock = lambda: started + 60
+    log_in(web)  # the window passed
+
+    from redis_txmq.ops.console.app import LoginThrottle
+
+    clock = [0.0]
+    overall = LoginThrottle(per_client=5, overall=20, window=60, clock=lambda: clock[0])
+    for i in range(20):
+        assert overall.wait(f"10.0.0.{i}")[0] == 0
+        overall.failed(f"10.0.0.{i}")
+    assert overall.wait("10.0.0.99")[0] == 60  # many addresses, one bound
+    clock[0] = 60
+    assert overall.wait("10.0.0.99")[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/api/jobs", {"page": str(10**30)}),
+        ("/api/jobs", {"page": "99999999999999999"}),
+        ("/api/topics", {"page": str(10**30)}),
+        ("/api/topics", {"page": "1" * 5000}),
+        ("/api/topics", {"size": "1_0"}),
+        ("/api/topics", {"size": " 5"}),
+        ("/api/topics/orders", {"partition": "²"}),
+        ("/api/topics/orders", {"partition": "١"}),
+        ("/api/topics/orders", {"partition": "9" * 5000}),
+        ("/api/topics/orders", {"partition": "1"}),  # orders has one partition: 0
+        ("/api/topics/orders", {"before": "99999999999999999999-99999999999999999999"}),
+        ("/api/topics/orders", {"after": "18446744073709551616-0"}),
+        ("/api/topics/orders", {"before": "١-0"}),
+        ("/api/audit", {"before": "99999999999999999999-0"}),
+        ("/api/dead", {"min_age": "1e308"}),
+        ("/api/dead", {"min_age": "-0"}),
+        ("/api/dead", {"min_age": "nan"}),
+        ("/api/transactions", {"id": "big.١"}),
+        ("/api/transactions", {"id": "tx-dead", "parts": "0"}),
+    ],
+)
+def test_bad_input_is_a_short_400_never_a_500_nor_a_503(
+    real_client: redis.Redis, seeded: dict[str, str], path: str, params: dict[str, str]
+) -> None:
+    response = console(real_client, token=None).get(path, params=params)
+    assert response.status_code == 400, response.text
+    assert len(response.json()["error"]) < 200  # never the whole input back
+
+
+def test_the_edges_of_the_stream_id_range_are_pages_with_nothing_on_them(
+    real_client: redis.Redis, seeded: dict[str, str]
+) -> None:
+    web = console(real_client, token=None)
+    top = "18446744073709551615-18446744073709551615"
+    oldest = web.get("/api/topics/orders", params={"before": "0-0", "after": top}).json()
+    assert oldest["committed_messages"]["rows"] == [] and oldest["in_flight_messages"]["rows"] == []
+    assert web.get("/api/audit", params={"before": "0-0"}).json()["rows"] == []
+    assert len(web.get("/api/topics/orders", params={"before": top}).json()["committed_messages"]["rows"]) == 3
+
+
+def test_only_requests_naming_the_console_are_served(real_client: redis.Redis, seeded: dict[str, str]) -> None:
+    app = create_app(real_client, SETTINGS, operator_token=TOKEN, options=FAST, allowed_hosts=["console.example"])
+    web = TestClient(app, raise_server_exceptions=False, base_url=LOCAL)
+    for host in ("attacker.example", "attacker.example:8640", "console.example.attacker.example"):
+        assert web.get("/api/topics/orders", headers={"Host": host}).status_code == 400, host
+    for host in ("127.0.0.1:8640", "localhost", "[::1]:8640", "console.example"):
+        assert web.get("/api/topics/orders", headers={"Host": host}).status_code == 200, host
+    with pytest.raises(TxMQError, match="allowed host"):
+        create_app(real_client, SETTINGS, operator_token=None, allowed_hosts=["a*b"])
+
+    csrf = csrf_of(web.get("/login").text)
+    large = web.post("/login", data={"csrf": csrf, "operator": "x" * 2_000_000, "token": TOKEN})
+    assert large.status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        yield f"csrf={csrf}&operator=".encode()
+        for _ in range(20):
+            yield b"x" * 100_000
+
+    headers = {"content-type": "application/x-www-form-urlencoded"}
+    assert web.post("/login", content=chunks(), headers=headers).status_code == 413
+
+
+def test_an_invalid_operator_redis_url_is_named_by_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from redis_txmq.cli import main
+
+    monkeypatch.setenv("TXMQ_CONSOLE_OPERATOR_REDIS_URL", "htp://op:secret-pw-9@127.0.0.1:1/0")
+    result = CliRunner().invoke(main, ["console", "--redis-url", "redis://127.0.0.1:1/0"])
+    assert result.exit_code == 1, result.output
+    assert "TXMQ_CONSOLE_OPERATOR_REDIS_URL" in result.output and "secret-pw-9" not in result.output
+
+
+def test_a_password_in_the_query_of_a_redis_url_is_starred_out_of_errors() -> None:
+    from redis_txmq.ops.console.app import _secrets_of
+
+    hidden = _secrets_of("redis://op@127.0.0.1:6390/0?password=Hunter2-SecretPw&db=0")
+    assert "Hunter2-SecretPw" in hidden
+
+
+def test_a_message_ended_by_someone_else_meanwhile_is_not_counted_as_the_failed_actions(
+    real_client: redis.Redis, seeded: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resolve = admin.resolve_dead_transaction
+
+    def raced(broker: Any, txid: str, action: Any, topic: Any = None, remark: str = "") -> Any:
+        resolve(broker, txid, type(action).COMMIT, topic, "another operator")  # commits it first
+        return resolve(broker, txid, action, topic, remark)  # the rollback asked for then conflicts
+
+    monkeypatch.setattr(admin, "resolve_dead_transaction", raced)
+    web = console(real_client)
+    log_in(web)
+    form = {"csrf": csrf_of(web.get("/dead").text), "action": "rollback", "tx": ["payments tx-dead"]}
+    refused = web.post("/dead/apply", data=form)
+    assert 'data-ok="0" data-outcome="refused"' in refused.text
+    assert 'data-transaction="tx-dead" data-state="COMMITTED" data-applied="0"' in refused.text
+    outcome = audit_records(real_client)[-1]
+    assert (outcome["outcome"], outcome["applied"]) == ("refused", "")

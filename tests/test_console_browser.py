@@ -342,11 +342,14 @@ def test_a_dead_letter_committed_from_the_console_is_published_once_and_audited(
         expect(page.get_by_test_id("dead-row")).to_have_count(2)
 
         page.get_by_test_id("nav-audit").click()
-        row = page.get_by_test_id("audit-row")
-        expect(row).to_have_count(1)
-        expect(row).to_have_attribute("data-transaction", "tx-dead")
-        expect(row).to_have_attribute("data-action", "commit")
-        expect(row).to_contain_text("alice")
+        rows = page.get_by_test_id("audit-row")
+        expect(rows).to_have_count(2)  # what was about to be done, then what was done
+        for row, phase in ((rows.nth(0), "outcome"), (rows.nth(1), "intent")):
+            expect(row).to_have_attribute("data-phase", phase)
+            expect(row).to_have_attribute("data-transaction", "tx-dead")
+            expect(row).to_have_attribute("data-action", "commit")
+            expect(row).to_contain_text("alice")
+        expect(rows.nth(0)).to_have_attribute("data-outcome", "done")
         screenshot(page, "audit")
     assert [e for _, e in real_client.xrange("payments") if e[b"transaction_id"] == b"tx-dead"] == published
 

@@ -1,24 +1,30 @@
 """The console's web application (Starlette): the pages, their JSON twins, the login and the dead-letter actions.
 
-Safe by default. Without an operator token it is read-only: no action is rendered and every POST is refused (403).
-With one, an operator logs in with it (a signed session cookie, its secret random per process) and every POST
-carries the session's CSRF token; an action is confirmed on a page of its own before it runs, runs
-``admin.resolve_dead_transaction`` (what ``txmq dead`` runs) and leaves an audit record in Redis. Pages show the
-Redis URL redacted at most; errors are pages, never tracebacks (debug is off, every error has its handler)."""
+Safe by default. It answers only requests naming it by a local name or an allowed host (no DNS rebinding), and
+without an operator token it is read-only: no action is rendered and every POST is refused (403). With one, an
+operator logs in with it (throttled: a few wrong tokens a minute); the session is the process's own (a random id in
+a signed cookie, the ids in memory: logging out ends it, a restart ends them all) and every POST carries its CSRF
+token. An action names whole transaction ids only, is confirmed on a page of its own before it runs, is recorded in
+the audit before it runs (no record, no action) and after, with what it did, read back from Redis when it failed
+part-way; it runs ``admin.resolve_dead_transaction`` (what ``txmq dead`` runs). Pages show the Redis URL redacted at
+most; errors are pages, never tracebacks (debug is off, every error has its handler)."""
 
 from __future__ import annotations
 
 import hmac
 import logging
+import math
 import re
 import secrets
+import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 import jinja2
 from starlette.applications import Starlette
@@ -26,21 +32,24 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ...core.clients import REDIS_ERRORS, redact_url
+from ...core import entries
+from ...core.clients import REDIS_ERRORS, SECRET_QUERY_NAMES, redact_url
 from ...core.config import Settings
-from ...core.errors import TxMQConnectionError, TxMQError
-from ...core.keys import AUDIT_MAXLEN, AUDIT_STREAM
-from ...core.protocol import DeadAction
+from ...core.errors import ConfigurationError, TxMQConnectionError, TxMQError
+from ...core.keys import AUDIT_MAXLEN, AUDIT_STREAM, TopicKeys, decision_key
+from ...core.protocol import DeadAction, message_index
 from ...sync.broker import RedisBroker
 from .. import admin
 from .queries import (
+    MAX_PAGE,
     MAX_PAGE_SIZE,
     BadRequest,
     ConsoleOptions,
@@ -49,9 +58,12 @@ from .queries import (
     entry_id_arg,
     filter_arg,
     page_args,
+    partition_arg,
+    seconds_arg,
     sparkline,
     topic_arg,
     transaction_id_arg,
+    whole_number_arg,
 )
 
 logger = logging.getLogger(__name__)
@@ -59,8 +71,28 @@ logger = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SESSION_COOKIE = "txmq_console"
 SESSION_SECONDS = 8 * 3600
-OPERATOR_NAME = re.compile(r"^[A-Za-z0-9 _.@-]{1,64}$")
+OPERATOR_NAME = re.compile(r"[A-Za-z0-9 _.@-]{1,64}")
 MAX_ACTION_ITEMS = 500
+MAX_SESSIONS = 10_000
+"""Sessions kept at most (the oldest is dropped past it): a bound on memory, far beyond the operators of a
+deployment."""
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+"""Host headers always answered: the console's own machine. Any other name must be allowed by name
+(``allowed_hosts``, ``txmq console --allowed-host``): a page elsewhere that gets its name resolved to 127.0.0.1 (DNS
+rebinding) sends its own name, and is refused."""
+MAX_BODY_BYTES = 1_000_000
+"""A request body larger than this is refused (413) before it is read: the largest form the console takes (500 ids
+and a remark) is far smaller."""
+LOGIN_WINDOW_SECONDS = 60.0
+LOGIN_FAILURES_PER_CLIENT = 5
+"""Wrong operator tokens taken from one client address per ``LOGIN_WINDOW_SECONDS``; the next login from it is
+answered 429 until the oldest of them is a window old."""
+LOGIN_FAILURES_OVERALL = 20
+"""Wrong operator tokens taken from every address together per window (many addresses, one guesser)."""
+AUDIT_ACL_HINT = (
+    "the operator's Redis user (TXMQ_CONSOLE_OPERATOR_REDIS_URL, else --redis-url) needs to write the audit "
+    f"stream: add the key pattern ~{AUDIT_STREAM} to it (with XADD: the checker's rules of `txmq acl checker` have it)"
+)
 ACTIONS = {"commit": DeadAction.COMMIT, "rollback": DeadAction.ROLLBACK, "recheck": DeadAction.RECHECK}
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
@@ -73,11 +105,123 @@ API = [
     ("/api/overview", "txmq status --json's report, and totals, layout versions, checkers, attention, rates"),
     ("/api/topics", "topics, paged: ?q=&sort=&order=&page=&size="),
     ("/api/topics/{topic}", "one topic: partitions, consumer groups, messages: ?partition=&before=&after=&size="),
-    ("/api/transactions", "a transaction: ?id=<transaction id> or ?key=<message key>&topic="),
+    ("/api/transactions", "a transaction: ?id=<transaction id>&parts=<page of its messages> or ?key=<key>&topic="),
     ("/api/dead", "dead letters, paged: ?topic=&group=&reason=&min_age=&page=&size="),
     ("/api/audit", "the audit trail, newest first: ?before=&size="),
     ("/api/jobs", "write jobs not settled: ?page=&size="),
 ]
+
+
+class Sessions:
+    """The operators logged in to this process: a random session id (what the signed cookie holds) -> the name and
+    when they logged in. Logging out forgets the id, so a copy of the cookie is worth nothing after it; a session
+    ends ``seconds`` after the login whatever is asked meanwhile; a restart forgets them all."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self.clock = clock
+        self._live: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def open(self, operator: str) -> str:
+        session_id = secrets.token_urlsafe(32)
+        with self._lock:
+            self._live[session_id] = (operator, self.clock())
+            while len(self._live) > MAX_SESSIONS:
+                self._live.popitem(last=False)
+        return session_id
+
+    def operator(self, session_id: Any) -> str | None:
+        """Who is logged in with this id (None: nobody, it ended, or it never was)."""
+        if not isinstance(session_id, str):
+            return None
+        with self._lock:
+            found = self._live.get(session_id)
+            if found is not None and self.clock() - found[1] >= self.seconds:
+                del self._live[session_id]
+                found = None
+        return found[0] if found else None
+
+    def close(self, session_id: Any) -> None:
+        if isinstance(session_id, str):
+            with self._lock:
+                self._live.pop(session_id, None)
+
+
+class LoginThrottle:
+    """Wrong operator tokens, counted in a sliding window per client address and overall: past either bound, logins
+    are refused (429) without looking at the token, until the window passes."""
+
+    def __init__(
+        self,
+        per_client: int = LOGIN_FAILURES_PER_CLIENT,
+        overall: int = LOGIN_FAILURES_OVERALL,
+        window: float = LOGIN_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_client, self.overall, self.window, self.clock = per_client, overall, window, clock
+        self._clients: dict[str, deque[float]] = {}
+        self._all: deque[float] = deque()
+        self._lock = threading.Lock()
+
+    def _forget_old(self, now: float) -> None:
+        while self._all and now - self._all[0] >= self.window:
+            self._all.popleft()
+        for address in list(self._clients):
+            times = self._clients[address]
+            while times and now - times[0] >= self.window:
+                times.popleft()
+            if not times:
+                del self._clients[address]
+
+    def wait(self, address: str) -> tuple[float, str]:
+        """Seconds before ``address`` may try a token (0: now), and why."""
+        with self._lock:
+            now = self.clock()
+            self._forget_old(now)
+            mine = self._clients.get(address)
+            if mine is not None and len(mine) >= self.per_client:
+                return mine[0] + self.window - now, f"{self.per_client} wrong operator tokens from your address"
+            if len(self._all) >= self.overall:
+                return self._all[0] + self.window - now, f"{self.overall} wrong operator tokens from every address"
+        return 0.0, ""
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            now = self.clock()
+            self._clients.setdefault(address, deque()).append(now)
+            self._all.append(now)
+
+
+class BodyLimit:
+    """Refuses (413) a request body over ``max_bytes``: at once when its Content-Length says so, else as soon as
+    more has arrived (a body sent in chunks), before the form is parsed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = f"the request body is larger than {self.max_bytes:,} bytes: refused"
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length and (not length.isdigit() or int(length) > self.max_bytes):
+            await PlainTextResponse(too_large, status_code=413)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, limited, send)
 
 
 @dataclass
@@ -90,6 +234,26 @@ class ConsoleState:
     action_client: Any
     shown_url: str
     secrets_to_hide: tuple[str, ...]
+    sessions: Sessions = field(default_factory=lambda: Sessions(SESSION_SECONDS))
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an action on one chosen dead letter touches, read before it runs: the whole id on its partition, whether
+    it is still dead-lettered (else resolved before: a repeat changes nothing), the transaction of several it belongs
+    to ('' for none) and every message the action resolves, this one first (the transaction's other dead-lettered
+    messages follow it)."""
+
+    topic: str
+    transaction_id: str
+    keys: TopicKeys
+    dead: bool
+    parent: str
+    parts: tuple[tuple[TopicKeys, str], ...]
+
+    def ids(self) -> str:
+        return ", ".join(f"{txid} on {keys.topic_stream}" for keys, txid in self.parts)
 
 
 class SecurityHeaders:
@@ -150,19 +314,130 @@ def _scrubbed(text: str, state: ConsoleState) -> str:
 
 
 def _secrets_of(*urls: str | None) -> tuple[str, ...]:
-    """The URLs and their passwords, to be starred out of any error shown or logged."""
+    """The URLs and their passwords (before the host, or a ``password=`` of the query: redis-py reads both), to be
+    starred out of any error shown or logged."""
     found: list[str] = []
     for url in urls:
         if not url:
             continue
         found.append(url)
         try:
-            password = urlsplit(url).password
+            parts = urlsplit(url)
+            passwords = [parts.password or ""]
         except ValueError:
             continue
-        if password and len(password) >= 4:
-            found += [password, unquote(password)]
+        for argument in parts.query.split("&"):
+            name, _, value = argument.partition("=")
+            if unquote_plus(name) in SECRET_QUERY_NAMES:
+                passwords += [value, unquote_plus(value)]
+        for password in passwords:
+            if len(password) >= 4:
+                found += [password, unquote(password)]
     return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def _host_patterns(allowed_hosts: Sequence[str]) -> list[str]:
+    """The Host names answered: the local ones and ``allowed_hosts`` (a name, ``*.<domain>`` or ``*``)."""
+    for host in allowed_hosts:
+        if not host or "*" in host[1:] or (host.startswith("*") and host != "*" and not host.startswith("*.")):
+            raise ConfigurationError(
+                f"allowed host {host[:80]!r}: give a host name, an address, '*.<domain>' for its subdomains or '*' "
+                "for any"
+            )
+    return list(dict.fromkeys([*LOCAL_HOSTS, *(host.lower() for host in allowed_hosts)]))
+
+
+def _targets(client: Any, items: list[tuple[str, str]]) -> tuple[list[Target], list[str]]:
+    """What acting on each of ``items`` (topic, whole transaction id) would touch (``Target``), and why an item is
+    refused: an id that is not exactly a dead letter's (nor one resolved before: a repeat), on any partition of its
+    topic, is never looked up by prefix, as ``txmq dead`` does for ids typed by hand."""
+    registry = admin.registered_topics(client)
+    found: list[Target] = []
+    refused: list[str] = []
+    for topic, txid in items:
+        partitions = [keys for keys in registry if keys.topic == topic]
+        pipe = client.pipeline(transaction=False)
+        for keys in partitions:
+            pipe.hget(keys.dead_index, txid)
+            pipe.hexists(keys.ended, txid)
+            pipe.hexists(keys.inflight, txid)
+        replies = pipe.execute() if partitions else []
+        where = [(keys, *replies[3 * i : 3 * i + 3]) for i, keys in enumerate(partitions)]
+        dead = [(keys, dead_id) for keys, dead_id, _, _ in where if dead_id is not None]
+        known = [keys for keys, _, ended, in_flight in where if ended or in_flight]
+        if not dead and not known:
+            refused.append(
+                f"{txid} on topic {topic}: not the whole id of a dead letter (the console takes whole ids only, "
+                "as the dead-letter list shows them)"
+            )
+            continue
+        keys = dead[0][0] if dead else known[0]
+        fields: dict[str, bytes] = {}
+        if dead:
+            dead_id = dead[0][1]
+            entry = client.xrange(keys.dead_stream, dead_id, dead_id)
+            fields = entries.field_map(entry[0][1]) if entry else {}
+        # as resolve_dead_transaction reads it: a message resolved before names its transaction by its id
+        parent = entries.text(fields.get(entries.PARENT_TRANSACTION_ID)) or ""
+        if not fields and "." in txid:
+            parent = txid.rpartition(".")[0]
+        parts = [(keys, txid)]
+        if parent:
+            parts += [part for part in admin.dead_messages_of(client, parent) if part != (keys, txid)]
+        found.append(Target(topic, txid, keys, bool(dead), parent, tuple(parts)))
+    return found, refused
+
+
+def _states(client: Any, target: Target) -> tuple[list[dict[str, Any]], str | None, set[int]]:
+    """Where each message of ``target`` is now (``DEAD_LETTERED``, ``COMMITTED`` with its entry id,
+    ``ROLLED_BACK``, ``IN_FLIGHT``, or ``UNKNOWN``: in none of the indexes), the decision of its transaction of
+    several (None: none, or one message) and the indices of its sends that did not return (rolled back whatever the
+    decision)."""
+    pipe = client.pipeline(transaction=False)
+    for keys, txid in target.parts:
+        pipe.hexists(keys.dead_index, txid)
+        pipe.hget(keys.ended, txid)
+        pipe.hexists(keys.inflight, txid)
+    if target.parent:
+        pipe.hmget(decision_key(target.parent), ["outcome", "voided"])
+    replies = pipe.execute()
+    states = []
+    for i, (keys, txid) in enumerate(target.parts):
+        dead, ended, in_flight = replies[3 * i : 3 * i + 3]
+        state: dict[str, Any] = {"transaction_id": txid, "stream": keys.topic_stream, "entry_id": None}
+        if dead:
+            state["state"] = "DEAD_LETTERED"
+        elif ended is not None:
+            outcome, committed = ((entries.text(ended) or "").split("|") + ["", ""])[:2]
+            state["state"] = "COMMITTED" if outcome == "COMMIT" else "ROLLED_BACK"
+            state["entry_id"] = committed if committed not in ("", "-") else None
+        elif in_flight:
+            state["state"] = "IN_FLIGHT"
+        else:
+            state["state"] = "UNKNOWN"
+        states.append(state)
+    decision, voided = (entries.text(value) for value in replies[-1]) if target.parent else (None, None)
+    return states, decision or None, {int(i) for i in (voided or "").split() if i.isascii() and i.isdigit()}
+
+
+PART_STATES = {
+    "DEAD_LETTERED": "still dead-lettered",
+    "COMMITTED": "published",
+    "ROLLED_BACK": "rolled back",
+    "IN_FLIGHT": "back in flight",
+    "UNKNOWN": "in no index now (read it on the transaction page)",
+}
+
+
+RESOLVED_STATES = {"COMMIT": "COMMITTED", "ROLLBACK": "ROLLED_BACK", "PREPARED": "IN_FLIGHT"}
+"""``dead_resolve.lua``'s answer -> where the message is now."""
+
+
+def _part_text(part: dict[str, Any]) -> str:
+    text = f"{part['transaction_id']} on {part['stream']}: {PART_STATES[part['state']]}"
+    if part.get("entry_id"):
+        text += f" as {part['entry_id']}"
+    return text
 
 
 def create_app(
@@ -174,15 +449,23 @@ def create_app(
     options: ConsoleOptions | None = None,
     redis_url: str | None = None,
     action_redis_url: str | None = None,
+    allowed_hosts: Sequence[str] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
     """The console on ``client`` (its reads: the ``console`` ACL role is enough). ``operator_token`` enables the
     actions (None: read-only); they run on ``action_client`` (the operator's user; ``client`` when not given).
-    ``redis_url`` is shown redacted and, like ``action_redis_url``, starred out of every error shown or logged."""
+    ``redis_url`` is shown redacted and, like ``action_redis_url``, starred out of every error shown or logged.
+
+    Requests must name the console by a local name (``LOCAL_HOSTS``) or one of ``allowed_hosts`` in their Host
+    header (``"*"``: any, for an application that checks it itself); bodies over ``max_body_bytes`` are refused."""
     options = options or ConsoleOptions()
+    hosts = _host_patterns(allowed_hosts)
     if operator_token is not None and len(operator_token) < 8:
         raise TxMQError("the console's operator token must be at least 8 characters: generate a long random one")
     state = ConsoleState(
-        queries=ConsoleQueries(client, settings.heartbeat_interval * 3, options),
+        queries=ConsoleQueries(
+            client, settings.heartbeat_interval * 3, options, max_transaction_messages=settings.max_transaction_messages
+        ),
         settings=settings,
         operator_token=operator_token,
         action_client=action_client if action_client is not None else client,
@@ -204,9 +487,10 @@ def create_app(
         }
 
     def _operator(request: Request) -> str | None:
+        """The operator of the request's session, if it is one this process opened and has not ended."""
         if state.operator_token is None:
             return None
-        return request.session.get("operator")
+        return state.sessions.operator(request.session.get("sid"))
 
     def _csrf(request: Request) -> str:
         token = request.session.get("csrf")
@@ -241,18 +525,16 @@ def create_app(
     def read_topics(request: Request) -> dict[str, Any]:
         p = request.query_params
         number, size = page_args(p.get("page"), p.get("size"))
-        return q.topics(filter_arg(p.get("q"), "q"), p.get("sort") or "topic", p.get("order") or "asc", number, size)
+        sort, order = filter_arg(p.get("sort"), "sort") or "topic", filter_arg(p.get("order"), "order") or "asc"
+        return q.topics(filter_arg(p.get("q"), "q"), sort, order, number, size)
 
     def read_topic(request: Request) -> dict[str, Any]:
         p = request.query_params
         topic = topic_arg(request.path_params["topic"])
         _, size = page_args(None, p.get("size"))
-        partition = p.get("partition")
-        if partition not in (None, "") and not partition.isdigit():
-            raise BadRequest(f"partition must be a whole number, got {partition[:20]!r}")
         return q.topic(
             topic,
-            int(partition) if partition else None,
+            partition_arg(p.get("partition")),
             entry_id_arg(p.get("before"), "before"),
             entry_id_arg(p.get("after"), "after"),
             size,
@@ -261,7 +543,9 @@ def create_app(
     def read_transaction(request: Request) -> dict[str, Any] | None:
         p = request.query_params
         if p.get("id"):
-            return q.transaction(transaction_id_arg(p.get("id")))
+            parts = p.get("parts")
+            page = whole_number_arg(parts, "parts", 1, MAX_PAGE, 1) if parts else None
+            return q.transaction(transaction_id_arg(p.get("id")), page)
         if p.get("key"):
             return q.by_key(filter_arg(p.get("key"), "key"), topic_arg(p.get("topic")))
         return None
@@ -269,13 +553,7 @@ def create_app(
     def read_dead(request: Request) -> dict[str, Any]:
         p = request.query_params
         number, size = page_args(p.get("page"), p.get("size"))
-        min_age = p.get("min_age") or ""
-        try:
-            age = float(min_age) if min_age else None
-        except ValueError:
-            raise BadRequest(f"min_age must be a number of seconds, got {min_age[:20]!r}") from None
-        if age is not None and not 0 <= age < 10**9:
-            raise BadRequest(f"min_age must be 0 or more seconds, got {min_age[:20]!r}")
+        age = seconds_arg(p.get("min_age"), "min_age")
         topic, group, reason = topic_arg(p.get("topic")), filter_arg(p.get("group"), "group"), p.get("reason")
         return q.dead_letters(topic, group, filter_arg(reason, "reason"), age, number, size)
 
@@ -306,7 +584,7 @@ def create_app(
     async def api_index(request: Request) -> Response:
         return JSONResponse({"endpoints": [{"path": path, "what": what} for path, what in API]})
 
-    # actions ----------------------------------------------------------------------------------------------------
+    # login ------------------------------------------------------------------------------------------------------
 
     async def checked_form(request: Request, *, logged_in: bool = True) -> Any:
         """The form of a POST, once the console takes actions, the CSRF token matches and (``logged_in``) an
@@ -328,106 +606,243 @@ def create_app(
         return templates.TemplateResponse(request, "login.html", context(request, page="login", error=None))
 
     async def login(request: Request) -> Response:
+        """A login. A refused one is logged with the client's address only: what was typed into the name field
+        may be the token (the fields swapped), and never reaches a log."""
         form = await checked_form(request, logged_in=False)
+        address = request.client.host if request.client else "unknown"
+        wait, why = state.throttle.wait(address)
+        if wait > 0:
+            logger.warning("console: a login from %s was refused unread: %s in a minute", address, why)
+            seconds = math.ceil(wait)
+            message = f"{why} in the last minute: logins are refused for {seconds} s more; try again then"
+            response = templates.TemplateResponse(request, "login.html", context(request, page="login", error=message))
+            response.status_code = 429
+            response.headers["retry-after"] = str(seconds)
+            return response
         name = str(form.get("operator") or "").strip()
         token = str(form.get("token") or "")
         assert state.operator_token is not None
-        if not OPERATOR_NAME.match(name):
-            error = "give your name (letters, digits, space and _.@-, at most 64): the audit records it"
-        elif not hmac.compare_digest(token.encode(), state.operator_token.encode()):
-            logger.warning("console: a login as %r was refused (wrong token)", name)
+        expected = state.operator_token.encode()
+        status = 403
+        if hmac.compare_digest(name.encode(), expected):
+            state.throttle.failed(address)
+            logger.warning("console: a login from %s was refused (the name field held the token)", address)
+            error = "refused: that is the operator token in the name field; type your own name there"
+        elif not OPERATOR_NAME.fullmatch(name):
+            error, status = "give your name (letters, digits, space and _.@-, at most 64): the audit records it", 400
+        elif not hmac.compare_digest(token.encode(), expected):
+            state.throttle.failed(address)
+            logger.warning("console: a login from %s was refused (wrong token)", address)
             error = "wrong operator token"
         else:
             request.session.clear()
-            request.session.update({"operator": name, "csrf": secrets.token_urlsafe(32), "at": int(time.time())})
-            logger.info("console: %s logged in", name)
+            request.session.update({"sid": state.sessions.open(name), "csrf": secrets.token_urlsafe(32)})
+            logger.info("console: %s logged in from %s", name, address)
             return RedirectResponse("/dead", status_code=303)
         response = templates.TemplateResponse(request, "login.html", context(request, page="login", error=error))
-        response.status_code = 400 if "name" in error else 403
+        response.status_code = status
         return response
 
     async def logout(request: Request) -> Response:
         await checked_form(request, logged_in=False)
+        state.sessions.close(request.session.get("sid"))
         request.session.clear()
         return RedirectResponse("/", status_code=303)
+
+    # actions ----------------------------------------------------------------------------------------------------
 
     def chosen_items(form: Any) -> tuple[DeadAction, list[tuple[str, str]]]:
         action_name = str(form.get("action") or "")
         if action_name not in ACTIONS:
             raise BadRequest(f"action must be one of {', '.join(ACTIONS)}, got {action_name[:20]!r}")
         items = []
-        for value in form.getlist("tx"):
+        chosen = form.getlist("tx")
+        if len(chosen) > MAX_ACTION_ITEMS:
+            raise BadRequest(f"at most {MAX_ACTION_ITEMS} dead letters at once, got {len(chosen)}")
+        for value in chosen:
             topic, _, txid = str(value).partition(" ")
             items.append((topic_arg(topic), transaction_id_arg(txid)))
         if not items:
             raise BadRequest("choose at least one dead letter")
-        if len(items) > MAX_ACTION_ITEMS:
-            raise BadRequest(f"at most {MAX_ACTION_ITEMS} dead letters at once, got {len(items)}")
         return ACTIONS[action_name], list(dict.fromkeys(items))
 
     async def confirm(request: Request) -> Response:
         form = await checked_form(request)
         action, items = chosen_items(form)
+        targets, refused = await run_in_threadpool(_targets, state.action_client, items)
+        if refused:
+            raise BadRequest("nothing to confirm: " + "; ".join(refused[:5]) + ("; …" if len(refused) > 5 else ""))
         return templates.TemplateResponse(
-            request, "confirm.html", context(request, page="dead", action=action.value.lower(), items=items)
+            request, "confirm.html", context(request, page="dead", action=action.value.lower(), targets=targets)
         )
 
-    def apply_items(operator: str, action: DeadAction, items: list[tuple[str, str]], remark: str) -> list[dict]:
-        broker = RedisBroker(state.action_client, state.settings)
-        results = []
-        note = f"console: {operator}" + (f": {remark}" if remark else "")
-        for topic, txid in items:
-            row: dict[str, Any] = {"topic": topic, "transaction_id": txid, "action": action.value.lower()}
-            try:
-                parent, resolved = admin.resolve_dead_transaction(broker, txid, action, topic, note)
-            except (TxMQError, *REDIS_ERRORS) as exc:  # type: ignore[misc]  # a tuple of classes
-                row.update(ok=False, result=f"refused: {_scrubbed(str(exc), state)}", resolved=[])
-            else:
-                row.update(
-                    ok=True,
-                    parent=parent,
-                    resolved=[
-                        {
-                            "transaction_id": one.transaction_id,
-                            "stream": one.keys.topic_stream,
-                            "state": one.result.state,
-                            "committed_id": one.result.committed_id or None,
-                            "applied": one.result.applied,
-                        }
-                        for one in resolved
-                    ],
-                )
-                row["result"] = "; ".join(
-                    f"{r['transaction_id']}: {r['state']}" + ("" if r["applied"] else " (already done)")
-                    for r in row["resolved"]
-                )
-            _audit(operator, row)
-            results.append(row)
-        state.queries.cache.invalidate()
-        return results
+    def act(broker: RedisBroker, operator: str, action: DeadAction, target: Target, note: str) -> dict[str, Any]:
+        """One chosen dead letter: the audit record of the intent, the action, then its outcome, read back from
+        Redis when the action failed (a transaction of several may have been resolved in part)."""
+        name = action.value.lower()
+        row: dict[str, Any] = {
+            "topic": target.topic,
+            "transaction_id": target.transaction_id,
+            "action": name,
+            "ids": target.ids(),
+            "ok": False,
+            "outcome": "refused",
+            "parts": [],
+            "intent": None,
+        }
+        before, decided_before, _ = _states(state.action_client, target)  # to tell what the action changed
+        try:
+            row["intent"] = _audit_intent(operator, name, target)
+        except REDIS_ERRORS as exc:
+            reason = _scrubbed(str(exc), state)
+            row["result"] = f"refused, nothing done: its audit record cannot be written ({reason}); {AUDIT_ACL_HINT}"
+            logger.error("console: %s %s %s refused: no audit record: %s", operator, name, target.ids(), reason)
+            return row
+        try:
+            _, resolved = admin.resolve_dead_transaction(broker, target.transaction_id, action, target.topic, note)
+        except Exception as exc:  # noqa: BLE001 - whatever stopped it, what it did is read back and recorded
+            error = _scrubbed(str(exc) or type(exc).__name__, state)
+            if not isinstance(exc, (TxMQError, *REDIS_ERRORS)):
+                logger.error("console: %s %s failed: %s", name, target.ids(), _scrubbed(repr(exc), state))
+            _reread(row, action, target, before, decided_before, error)
+        else:
+            row.update(ok=True, outcome="done")
+            row["parts"] = [
+                {
+                    "transaction_id": one.transaction_id,
+                    "stream": one.keys.topic_stream,
+                    "state": RESOLVED_STATES.get(one.result.state, "UNKNOWN"),
+                    "entry_id": one.result.committed_id or None,
+                    "applied": one.result.applied,
+                }
+                for one in resolved
+            ]
+            row["result"] = "; ".join(
+                _part_text(part) + ("" if part["applied"] else " (already done)") for part in row["parts"]
+            )
+        for part in row["parts"]:
+            part["text"] = _part_text(part)
+        _audit_outcome(operator, row)
+        return row
 
-    def _audit(operator: str, row: dict[str, Any]) -> None:
+    def _reread(
+        row: dict[str, Any],
+        action: DeadAction,
+        target: Target,
+        before: list[dict[str, Any]],
+        decided_before: str | None,
+        error: str,
+    ) -> None:
+        """The truth after a failed action, per message: which it resolved, which it did not, and why. A message
+        counts as applied when it was dead-lettered before and is now where this action sends it (the decision, a
+        send that did not return rolled back; back in flight for a recheck): one ended otherwise meanwhile was
+        ended by someone else."""
+        try:
+            after, decided, voided = _states(state.action_client, target)
+        except REDIS_ERRORS as exc:
+            row["result"] = (
+                f"failed: {error}; what it did cannot be read back ({_scrubbed(str(exc), state)}): "
+                "look the transaction up, and run the same action again to finish"
+            )
+            row["outcome"] = "unknown"
+            return
+
+        def sent_to(txid: str) -> str:
+            if action is DeadAction.RECHECK:
+                return "IN_FLIGHT"
+            if target.parent and message_index(target.parent, txid) in voided:
+                return "ROLLED_BACK"
+            return RESOLVED_STATES[decided or action.value]
+
+        for old, new in zip(before, after, strict=True):
+            new["applied"] = old["state"] == "DEAD_LETTERED" and new["state"] == sent_to(new["transaction_id"])
+        row["parts"] = after
+        applied = [part for part in after if part["applied"]]
+        newly_decided = decided == action.value and decided_before is None
+        if not applied and not newly_decided:
+            row["result"] = f"refused: {error}"
+            return
+        row["outcome"] = "partial"
+        left = [part for part in after if part["state"] == "DEAD_LETTERED"]
+        said = [_part_text(part) for part in applied] or ["no message resolved yet"]
+        if newly_decided:
+            said.insert(0, f"transaction {target.parent} decided {decided}")
+        if left:
+            said.append("not resolved: " + ", ".join(_part_text(part) for part in left))
+        row["result"] = (
+            f"partly done: {'; '.join(said)}; it stopped at: {error}. "
+            "Run the same action again to finish (the decision stands: a repeat resolves what is left)"
+        )
+
+    def _audit_intent(operator: str, action: str, target: Target) -> str:
+        """The record of what is about to be done (raises when it cannot be written: then nothing is done)."""
+        fields = {
+            "operator": operator,
+            "action": action,
+            "transaction_id": target.transaction_id,
+            "topic": target.topic,
+            "phase": "intent",
+            "intent": "",
+            "ids": target.ids(),
+            "ok": "",
+            "outcome": "",
+            "applied": "",
+            "result": f"about to {action} {target.ids()}",
+        }
+        logger.info("console: %s is about to %s %s", operator, action, target.ids())
+        entry_id = state.action_client.xadd(AUDIT_STREAM, fields, maxlen=AUDIT_MAXLEN, approximate=True)
+        return entries.text(entry_id) or ""
+
+    def _audit_outcome(operator: str, row: dict[str, Any]) -> None:
         fields = {
             "operator": operator,
             "action": row["action"],
             "transaction_id": row["transaction_id"],
             "topic": row["topic"],
+            "phase": "outcome",
+            "intent": row["intent"] or "",
+            "ids": row["ids"],
             "ok": "1" if row["ok"] else "0",
+            "outcome": row["outcome"],
+            "applied": "; ".join(_part_text(part) for part in row["parts"] if part["applied"]),
             "result": row["result"][:1000],
         }
-        logger.info(
-            "console: %s %s transaction %s on %s: %s",
-            operator,
-            row["action"],
-            row["transaction_id"],
-            row["topic"],
-            row["result"],
-        )
+        logger.info("console: %s %s %s: %s", operator, row["action"], row["ids"], row["result"])
         try:
             state.action_client.xadd(AUDIT_STREAM, fields, maxlen=AUDIT_MAXLEN, approximate=True)
         except REDIS_ERRORS as exc:  # the action is done: say the record is missing rather than hide the result
-            row["result"] += f" (audit record not written: {_scrubbed(str(exc), state)})"
-            logger.error("console: audit record of %s not written: %s", row, _scrubbed(str(exc), state))
+            reason = _scrubbed(str(exc), state)
+            row["result"] += f" (the audit record of this outcome was not written: {reason}; its intent was)"
+            logger.error("console: the audit record of the outcome %s was not written: %s", fields, reason)
+
+    def apply_items(operator: str, action: DeadAction, items: list[tuple[str, str]], remark: str) -> list[dict]:
+        broker = RedisBroker(state.action_client, state.settings)
+        note = f"console: {operator}" + (f": {remark}" if remark else "")
+        targets, refused = _targets(state.action_client, items)
+        by_item = {(t.topic, t.transaction_id): t for t in targets}
+        results = []
+        for topic, txid in items:
+            target = by_item.get((topic, txid))
+            if target is None:
+                reason = next(r for r in refused if r.startswith(f"{txid} on topic {topic}:"))
+                logger.warning("console: %s %s refused: %s", operator, action.value.lower(), reason)
+                results.append(
+                    {
+                        "topic": topic,
+                        "transaction_id": txid,
+                        "action": action.value.lower(),
+                        "ids": txid,
+                        "ok": False,
+                        "outcome": "refused",
+                        "parts": [],
+                        "intent": None,
+                        "result": f"refused, nothing done: {reason}",
+                    }
+                )
+                continue
+            results.append(act(broker, operator, action, target, note))
+        state.queries.cache.invalidate()
+        return results
 
     async def apply(request: Request) -> Response:
         form = await checked_form(request)
@@ -435,8 +850,19 @@ def create_app(
         remark = filter_arg(str(form.get("remark") or ""), "remark")
         operator = _operator(request) or ""
         results = await run_in_threadpool(apply_items, operator, action, items, remark)
+        done = sum(r["outcome"] == "done" for r in results)
+        again = any(r["outcome"] in ("partial", "unknown") for r in results)
+        if done == len(results):
+            heading = "done"
+        elif again:
+            heading = "partly done: read each row"
+        elif not done:
+            heading = "refused: nothing done"
+        else:
+            heading = f"done for {done} of {len(results)}: read each row"
+        values = {"action": action.value.lower(), "results": results, "items": items}
         return templates.TemplateResponse(
-            request, "applied.html", context(request, page="dead", action=action.value.lower(), results=results)
+            request, "applied.html", context(request, page="dead", heading=heading, again=again, **values)
         )
 
     # errors -----------------------------------------------------------------------------------------------------
@@ -489,6 +915,8 @@ def create_app(
     ]
     middleware = [
         Middleware(SecurityHeaders),
+        Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
+        Middleware(BodyLimit, max_bytes=max_body_bytes),
         Middleware(
             SessionMiddleware,
             secret_key=secrets.token_urlsafe(32),  # per process: a restart logs everybody out

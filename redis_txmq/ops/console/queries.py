@@ -76,26 +76,70 @@ class ConsoleOptions:
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
+MAX_PAGE = 1_000_000
+"""The highest page number asked of any list: far beyond any list the console pages, and a number Redis takes."""
 MAX_FILTER_LENGTH = 200
-TRANSACTION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
-ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-MAX_PARTS = 64
-"""The messages of a transaction of several looked up by its id: ``<id>.0`` to ``<id>.63``."""
+SHOWN_INPUT = 40
+"""At most this many characters of a value the operator gave are repeated in an error (a page must not echo
+whatever a link put in its query string)."""
+TRANSACTION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+WHOLE_NUMBER = re.compile(r"[0-9]{1,9}")
+SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
+MAX_ENTRY_PART = 2**64 - 1
+FIRST_ENTRY_ID = "0-0"
+LAST_ENTRY_ID = f"{MAX_ENTRY_PART}-{MAX_ENTRY_PART}"
+PARTS_PER_PAGE = 200
+"""The messages of a transaction of several looked up at once: ``<id>.0`` to ``<id>.199`` on its first page, and so
+on up to ``max_transaction_messages`` (1,000 by default: five pages)."""
+AUDIT_FIELDS = (
+    "operator",
+    "action",
+    "transaction_id",
+    "topic",
+    "phase",
+    "intent",
+    "ids",
+    "ok",
+    "outcome",
+    "applied",
+    "result",
+)
+"""The fields of an audit record (``app``'s ``_audit_intent`` and ``_audit_outcome``); older records lack some."""
 TOPIC_SORTS = ("topic", "partitions", "committed", "in_flight", "oldest_in_flight_age_seconds", "dead_letters")
 
 
+def shown_input(value: str | None) -> str:
+    """A value the operator gave, as an error repeats it: quoted, at most ``SHOWN_INPUT`` characters of it."""
+    value = value or ""
+    return repr(value[:SHOWN_INPUT]) + ("…" if len(value) > SHOWN_INPUT else "")
+
+
+def whole_number_arg(value: str | None, name: str, low: int, high: int, default: int) -> int:
+    """A whole number from ``low`` to ``high`` given in ASCII digits ('' or None: ``default``), or ``BadRequest``:
+    ``int()`` alone takes '1_0', ' 5' and other scripts' digits, and numbers no Redis command takes."""
+    if value in (None, ""):
+        return default
+    if not WHOLE_NUMBER.fullmatch(value) or not low <= int(value) <= high:
+        raise BadRequest(f"{name} must be a whole number between {low} and {high}, got {shown_input(value)}")
+    return int(value)
+
+
 def page_args(page: str | None, size: str | None) -> tuple[int, int]:
-    """A page number (from 1) and a page size (1..``MAX_PAGE_SIZE``) from a query string, or ``BadRequest``."""
-    try:
-        number = int(page) if page not in (None, "") else 1
-        count = int(size) if size not in (None, "") else DEFAULT_PAGE_SIZE
-    except ValueError:
-        raise BadRequest(f"page and size must be whole numbers, got page={page!r}, size={size!r}") from None
-    if number < 1:
-        raise BadRequest(f"page must be 1 or more, got {number}")
-    if not 1 <= count <= MAX_PAGE_SIZE:
-        raise BadRequest(f"size must be between 1 and {MAX_PAGE_SIZE}, got {count}")
+    """A page number (1..``MAX_PAGE``) and a page size (1..``MAX_PAGE_SIZE``) from a query string, or
+    ``BadRequest``."""
+    number = whole_number_arg(page, "page", 1, MAX_PAGE, 1)
+    count = whole_number_arg(size, "size", 1, MAX_PAGE_SIZE, DEFAULT_PAGE_SIZE)
     return number, count
+
+
+def seconds_arg(value: str | None, name: str) -> float | None:
+    """A number of seconds (ASCII digits, an optional decimal part, below 10⁹) or None when not given."""
+    if value in (None, ""):
+        return None
+    if not SECONDS.fullmatch(value):
+        raise BadRequest(f"{name} must be a number of seconds (0 or more, like 90 or 2.5), got {shown_input(value)}")
+    return float(value)
 
 
 def filter_arg(value: str | None, name: str) -> str:
@@ -118,21 +162,36 @@ def topic_arg(value: str | None, name: str = "topic") -> str:
 
 
 def transaction_id_arg(value: str | None) -> str:
+    """A transaction id as typed (blanks around it dropped), or ``BadRequest``."""
     value = (value or "").strip()
-    if not TRANSACTION_ID.match(value):
+    if not TRANSACTION_ID.fullmatch(value):
         raise BadRequest(
-            f"{value[:80]!r} is not a transaction id: ids are letters, digits and . _ : - (at most 200), "
+            f"{shown_input(value)} is not a transaction id: ids are letters, digits and . _ : - (at most 200), "
             "with '.<index>' for a message of a transaction of several"
         )
     return value
 
 
 def entry_id_arg(value: str | None, name: str) -> str:
-    """A stream entry id used as a paging cursor ('' when not given)."""
+    """A stream entry id used as a paging cursor ('' when not given): ``<ms>-<seq>``, both ASCII digits within
+    0..2⁶⁴-1 (what Redis takes), written without leading zeros."""
     value = (value or "").strip()
-    if value and not ENTRY_ID.match(value):
-        raise BadRequest(f"{name} must be a stream entry id like 1700000000000-0, got {value[:40]!r}")
-    return value
+    if not value:
+        return ""
+    match = ENTRY_ID.fullmatch(value)
+    if not match or any(int(part) > MAX_ENTRY_PART for part in match.groups()):
+        raise BadRequest(f"{name} must be a stream entry id like 1700000000000-0, got {shown_input(value)}")
+    return f"{int(match.group(1))}-{int(match.group(2))}"
+
+
+def partition_arg(value: str | None) -> int | None:
+    """A partition number (ASCII digits) or None when not given; the topic's own count is checked where it is
+    known (``ConsoleQueries.topic``)."""
+    if value in (None, ""):
+        return None
+    if not WHOLE_NUMBER.fullmatch(value):
+        raise BadRequest(f"partition must be a whole number (0, 1, ...), got {shown_input(value)}")
+    return int(value)
 
 
 def _paged(rows: list[Any], page: int, size: int) -> dict[str, Any]:
@@ -375,9 +434,12 @@ class ConsoleQueries:
     REMEMBERED = 1000
     """Transactions whose stream is remembered (``_locate``), the most recently looked up."""
 
-    def __init__(self, client: Any, live_seconds: float, options: ConsoleOptions) -> None:
+    def __init__(
+        self, client: Any, live_seconds: float, options: ConsoleOptions, max_transaction_messages: int = 1000
+    ) -> None:
         self.client = client
         self.options = options
+        self.max_transaction_messages = max_transaction_messages
         self.live_seconds = live_seconds
         self.cache = StatusCache(client, live_seconds, options.refresh_seconds, options.streams_per_second)
         self.rates = RateSampler(client, options.rates_window_seconds, options.rates_bucket_seconds)
@@ -558,13 +620,23 @@ class ConsoleQueries:
         if partition is not None:
             found = [k for k in streams if k.partition == partition]
             if not found:
-                raise NotFound(f"topic {topic!r} has no partition {partition} (it has {len(streams)})")
+                numbers = sorted(k.partition for k in streams)
+                raise BadRequest(
+                    f"topic {topic!r} has {len(streams)} partition(s), numbered {numbers[0]} to {numbers[-1]}: "
+                    f"no partition {partition}"
+                )
             chosen = found[0]
         groups = admin.consumer_lag(self.client, streams)
+        # nothing is older than the first entry id nor newer than the last: Redis refuses those intervals
+        older, newer = before != FIRST_ENTRY_ID, after != LAST_ENTRY_ID
         pipe = self.client.pipeline(transaction=False)
-        pipe.xrevrange(chosen.topic_stream, max=f"({before}" if before else "+", min="-", count=size)
-        pipe.xrange(chosen.half_stream, min=f"({after}" if after else "-", max="+", count=size)
-        committed, halves = pipe.execute()
+        if older:
+            pipe.xrevrange(chosen.topic_stream, max=f"({before}" if before else "+", min="-", count=size)
+        if newer:
+            pipe.xrange(chosen.half_stream, min=f"({after}" if after else "-", max="+", count=size)
+        replies = iter(pipe.execute())
+        committed = next(replies) if older else []
+        halves = next(replies) if newer else []
         messages = []
         for entry_id, raw in committed:
             fields = _text_fields(raw)
@@ -602,17 +674,46 @@ class ConsoleQueries:
 
     # transactions -----------------------------------------------------------------------------------------------
 
-    def transaction(self, transaction_id: str) -> dict[str, Any]:
+    def transaction(self, transaction_id: str, parts_page: int | None = None) -> dict[str, Any]:
         """Where a transaction is, by its id: in flight, ended (committed with its entry id, or rolled back: within
         the dedupe window), dead-lettered, or found among the latest committed entries; for a transaction of several
-        messages (its own id, or one of its messages' ``<id>.<i>``), its decision and every message found."""
+        messages (its own id, or one of its messages' ``<id>.<i>``), its decision and its messages found.
+
+        Its messages are ``<id>.0`` up to ``max_transaction_messages`` (the library's bound), looked up
+        ``PARTS_PER_PAGE`` at a time (``parts_page``; by default the page holding the message asked for): ``parts``
+        says which were looked up and whether that is all a transaction may hold."""
         report, now_ms = self.cache.get()
         streams = [topic_keys_of_stream(t["stream"]) for t in report["topics"]]
-        parent = transaction_id.rpartition(".")[0] if "." in transaction_id else transaction_id
+        head, dot, tail = transaction_id.rpartition(".")
+        index = int(tail) if dot and WHOLE_NUMBER.fullmatch(tail) else None
+        parent = head if index is not None else transaction_id
         record = {entries.text(k): entries.text(v) for k, v in self.client.hgetall(decision_key(parent)).items()}
-        several = bool(record) or "." in transaction_id
-        ids = [f"{parent}.{i}" for i in range(MAX_PARTS)] if several else [transaction_id]
-        found = self._find(streams, ids, now_ms) if several else self._locate(transaction_id, report, now_ms)
+        several = bool(record) or index is not None
+        parts = None
+        if several:
+            most = self.max_transaction_messages
+            pages = max(1, math.ceil(most / PARTS_PER_PAGE))
+            asked_page = min(pages, index // PARTS_PER_PAGE + 1) if index is not None else 1
+            page = asked_page if parts_page is None else parts_page
+            if not 1 <= page <= pages:
+                raise BadRequest(f"parts must be a page from 1 to {pages}, got {page}")
+            first, last = (page - 1) * PARTS_PER_PAGE, min(most, page * PARTS_PER_PAGE) - 1
+            ids = [f"{parent}.{i}" for i in range(first, last + 1)]
+            if index is not None and page == asked_page and transaction_id not in ids:
+                ids.append(transaction_id)  # past the bound, or written with leading zeros: asked for, so looked up
+            parts = {
+                "page": page,
+                "pages": pages,
+                "first": first,
+                "last": last,
+                "per_page": PARTS_PER_PAGE,
+                "max_transaction_messages": most,
+                "complete": pages == 1,
+            }
+            found = self._find(streams, ids, now_ms)
+        else:
+            ids = [transaction_id]
+            found = self._locate(transaction_id, report, now_ms)
         if not found:
             found = self._scan(streams, now_ms, lambda fields: entries.text(fields.get(entries.TRANSACTION_ID)) in ids)
         if not found and not record:
@@ -636,6 +737,7 @@ class ConsoleQueries:
             "transaction_id": parent if several else transaction_id,
             "several": several,
             "decision": decision,
+            "parts": parts,
             "messages": found,
         }
 
@@ -872,11 +974,16 @@ class ConsoleQueries:
 
     def audit(self, before: str, size: int) -> dict[str, Any]:
         """The audit trail, newest first, ``size`` at a time (``before`` an entry id: the next page)."""
-        found = self.client.xrevrange(AUDIT_STREAM, max=f"({before}" if before else "+", min="-", count=size)
+        found = []
+        if before != FIRST_ENTRY_ID:  # nothing is older than the first id (Redis refuses the interval)
+            found = self.client.xrevrange(AUDIT_STREAM, max=f"({before}" if before else "+", min="-", count=size)
         rows = []
         for entry_id, raw in found:
             fields = {k: entries.text(v) for k, v in _text_fields(raw).items()}
-            rows.append({"id": entries.text(entry_id), "at_ms": _id_ms(entry_id), **fields})
+            row = dict.fromkeys(AUDIT_FIELDS, "")
+            row.update(fields)
+            row["phase"] = row["phase"] or "outcome"  # records of releases before intents were recorded
+            rows.append({"id": entries.text(entry_id), "at_ms": _id_ms(entry_id), **row})
         return {
             "rows": rows,
             "size": size,
@@ -973,7 +1080,7 @@ def topic_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _number(text: str | None) -> int | None:
     """A whole number a hash field holds, None when it holds none."""
-    return int(text) if text and text.isdigit() else None
+    return int(text) if text and text.isascii() and text.isdigit() else None
 
 
 def _detail_entry(keys: TopicKeys, where: str, value: str) -> tuple[str, str]:
@@ -988,7 +1095,7 @@ def _detail_entry(keys: TopicKeys, where: str, value: str) -> tuple[str, str]:
 
 def _part_index(transaction_id: str | None) -> int:
     tail = (transaction_id or "").rpartition(".")[2]
-    return int(tail) if tail.isdigit() else -1
+    return int(tail) if WHOLE_NUMBER.fullmatch(tail) else -1
 
 
 def _half_row(half_id: Any, fields: dict[str, bytes], now_ms: int) -> dict[str, Any]:
@@ -1008,7 +1115,7 @@ def _half_row(half_id: Any, fields: dict[str, bytes], now_ms: int) -> dict[str, 
 def _dead_row(keys: TopicKeys, entry_id: Any, raw: Any, now_ms: int) -> dict[str, Any]:
     """A dead letter as ``txmq dead list`` shows it (``admin.dead_letter_row``), with its age."""
     row = admin.dead_letter_row(keys, entry_id, raw)
-    dead_at = int(row["dead_at_ms"]) if (row["dead_at_ms"] or "").isdigit() else _id_ms(entry_id)
+    dead_at = _number(row["dead_at_ms"]) or _id_ms(entry_id)
     row["dead_at_ms"] = dead_at
     row["age_seconds"] = max(0.0, (now_ms - dead_at) / 1000)
     return row
@@ -1019,7 +1126,10 @@ __all__ = [
     "ConsoleOptions",
     "ConsoleQueries",
     "NotFound",
+    "entry_id_arg",
     "page_args",
+    "partition_arg",
+    "seconds_arg",
     "sparkline",
     "topic_arg",
     "transaction_id_arg",
