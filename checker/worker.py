@@ -220,7 +220,6 @@ class Checker:
         try:
             while not stop.is_set():
                 healthy = True
-                stats: Any = None
                 now = time.monotonic()
                 if now >= next_beat:
                     healthy &= self._guarded("heartbeat", self._beat) is not _FAILED

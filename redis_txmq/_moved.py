@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from . import _source_tree
+
 MOVED_IN = "0.2.0"
 
 MOVED: dict[str, str] = {
@@ -41,9 +43,10 @@ MOVED: dict[str, str] = {
 """Old module path -> new module path."""
 
 
-TOP_LEVEL: dict[str, str] = {"checker": "redis_txmq.checker", "spark_connector": "redis_txmq.spark"}
-"""The top-level packages of 0.1.0 -> where they are now. Aliased only when no other project's package of that name
-is installed (``import redis_txmq`` first, then ``import checker`` works, with the warning)."""
+TOP_LEVEL: dict[str, str] = {folder: package for package, folder in _source_tree.FOLDERS.items()}
+"""The top-level packages of 0.1.0 (the repository's folders that hold them) -> where they are now. Aliased only
+when no other project's package of that name is installed (``import redis_txmq`` first, then ``import checker``
+works, with the warning)."""
 
 
 def new_name(old: str) -> str | None:
@@ -58,8 +61,7 @@ def _ours(top: str, spec: importlib.machinery.ModuleSpec) -> bool:
     """Whether the package ``top`` found on ``sys.path`` is this checkout's folder (the repository root on the path),
     not another project's."""
     checkout = Path(__file__).resolve().parent.parent
-    folder = {"checker": "checker", "spark_connector": "spark_connector"}[top]
-    return spec.origin is not None and Path(spec.origin).resolve().parent == (checkout / folder).resolve()
+    return spec.origin is not None and Path(spec.origin).resolve().parent == (checkout / top).resolve()
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

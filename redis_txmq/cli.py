@@ -34,6 +34,7 @@ from .core.durability import LEVELS
 from .core.durability import describe as describe_durability
 from .core.errors import ConfigurationError, TxMQConnectionError, TxMQError
 from .core.groups import Backoff
+from .ops.acl import ROLES as ACL_ROLES
 from .transport.connection import connect
 
 UNCUT_WIDTH = 10_000
@@ -793,7 +794,7 @@ def topic_create(name: str, partitions: int, redis_url: str | None, cluster: boo
 
 
 @main.command()
-@click.argument("role", type=click.Choice(["producer", "checker", "consumer", "spark", "spark-writer", "console"]))
+@click.argument("role", type=click.Choice(ACL_ROLES))
 @click.option(
     "--topic",
     "topics",
