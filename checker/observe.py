@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Gauge
 
 from redis_txmq.core import entries
-from redis_txmq.core.clients import REDIS_ERRORS
+from redis_txmq.core.clients import REDIS_ERRORS, server_ms
 from redis_txmq.core.keys import GROUP_REGISTRY, TopicKeys
 from redis_txmq.ops.admin import by_topic, consumer_lags, streams_figures
 from redis_txmq.transport.connection import server_nodes
@@ -186,7 +186,6 @@ def _server_ms(client: Any) -> int:
     """The server's clock (ages are measured on it); the local one when no server answers TIME (a cluster's
     default node down): the ages of the topics on the other masters are still worth having."""
     try:
-        seconds, micros = client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
+        return server_ms(client)
     except REDIS_ERRORS:
         return int(time.time() * 1000)

@@ -146,3 +146,9 @@ def redact_sentinel_url(url: str) -> str:
     if at and ":" in userinfo:
         userinfo = userinfo.split(":", 1)[0] + ":***"
     return f"{scheme}{sep}{userinfo}{at}{hosts}{slash}{path}{question}{_redact_query(query)}"
+
+
+def server_ms(client: Any) -> int:
+    """The Redis server's clock in milliseconds (``TIME``): ages are measured on it, never on this host's clock."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -181,3 +181,8 @@ def stream_batches(reply: Any) -> list[tuple[Any, list[Any]]]:
             (stream, batch[0] if batch and isinstance(batch[0], list) else batch) for stream, batch in reply.items()
         ]
     return [(stream, batch) for stream, batch in reply]
+
+
+def entry_ms(entry_id: Any) -> int:
+    """The milliseconds part of a stream entry id (bytes or str; 0 for none): when the entry was added."""
+    return int((text(entry_id) or "0").split("-")[0])

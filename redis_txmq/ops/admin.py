@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from ..core import entries
+from ..core.clients import server_ms
 from ..core.durability import has_waitaof
 from ..core.errors import TransactionConflictError, TransactionNotFoundError
 from ..core.keys import (
@@ -56,21 +57,12 @@ def registered_topics(client: Any, topic: str | None = None, reported: set[str] 
     return [k for k in keys if topic is None or k.topic == topic]
 
 
-def _server_ms(client: Any) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def by_topic(streams: list[TopicKeys]) -> dict[str, list[TopicKeys]]:
     """Topic streams grouped by topic (its partitions together), in the order given."""
     topics: dict[str, list[TopicKeys]] = {}
     for keys in streams:
         topics.setdefault(keys.topic, []).append(keys)
     return topics
-
-
-def _id_ms(entry_id: Any) -> int:
-    return int((entries.text(entry_id) or "0").split("-")[0])
 
 
 def stream_figures(client: Any, keys: TopicKeys, now_ms: int) -> dict[str, Any]:
@@ -103,7 +95,7 @@ def streams_figures(client: Any, streams: list[TopicKeys], now_ms: int) -> list[
             results.append(error)
             continue
         committed, in_flight, oldest, dead = replies
-        oldest_age = max(0.0, (now_ms - _id_ms(oldest[0][0])) / 1000) if oldest else None
+        oldest_age = max(0.0, (now_ms - entries.entry_ms(oldest[0][0])) / 1000) if oldest else None
         results.append(
             {
                 "topic": keys.topic,
@@ -299,7 +291,7 @@ def status(client: Any, live_seconds: float) -> dict[str, Any]:
     """Per topic stream: committed, in_flight, oldest in-flight age, dead letters; per consumer group of each topic:
     its lag (``consumer_lag``); per producer group: live instances and pending check requests; live checker instances.
     An instance is live if it beat within ``live_seconds``."""
-    now = _server_ms(client)
+    now = server_ms(client)
     live_from = now - int(live_seconds * 1000)
     listed = registered_topics(client)
     topics = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core import entries
+from ...core.clients import server_ms
 from ...core.errors import TxMQError
 from ...core.keys import (
     AUDIT_STREAM,
@@ -205,15 +206,6 @@ def _paged(rows: list[Any], page: int, size: int) -> dict[str, Any]:
     }
 
 
-def _server_ms(client: Any) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-def _id_ms(entry_id: Any) -> int:
-    return int((entries.text(entry_id) or "0").split("-")[0])
-
-
 def _checked(replies: list[Any] | Exception) -> list[Any]:
     """One item's replies of ``pipeline_each``, or its error raised: a page shows all it read or an error."""
     if isinstance(replies, Exception):
@@ -226,10 +218,6 @@ def _checked(replies: list[Any] | Exception) -> list[Any]:
 
 def _pipelined(client: Any, items: list[Any], queue: Callable[[Any, Any], int]) -> list[list[Any]]:
     return [_checked(replies) for replies in pipeline_each(client, items, queue)]
-
-
-def _text_fields(raw: Any) -> dict[str, bytes]:
-    return entries.field_map(raw)
 
 
 def _preview(body: bytes | None, length: int = 120) -> str:
@@ -290,7 +278,7 @@ class StatusCache:
 
     def _read(self) -> tuple[dict[str, Any], int, float, float]:
         started = time.monotonic()
-        now_ms = _server_ms(self.client)
+        now_ms = server_ms(self.client)
         report = admin.status(self.client, live_seconds=self.live_seconds)
         return report, now_ms, time.monotonic() - started, started
 
@@ -375,11 +363,11 @@ class RateSampler:
                     continue
                 self.after[key] = entries.text(found[-1][0]) or ""
                 for entry_id, raw in found:
-                    bucket = _id_ms(entry_id) // self.bucket_ms
+                    bucket = entries.entry_ms(entry_id) // self.bucket_ms
                     if kind == "dead":
                         self._count(bucket, "dead_lettered")
                         continue
-                    outcome = entries.text(_text_fields(raw).get("outcome"))
+                    outcome = entries.text(entries.field_map(raw).get("outcome"))
                     self._count(bucket, "committed" if outcome == "COMMIT" else "rolled_back")
             check_streams = [GroupKeys(group).check_requests for group in groups]
 
@@ -528,14 +516,14 @@ class ConsoleQueries:
 
         for row, (halves,) in zip(old, _pipelined(self.client, old, queue_old), strict=True):
             for half_id, raw in halves:
-                fields = _text_fields(raw)
+                fields = entries.field_map(raw)
                 past_bound.append(
                     {
                         "topic": row["topic"],
                         "stream": row["stream"],
                         "transaction_id": entries.text(fields.get(entries.TRANSACTION_ID)),
                         "producer_group": entries.text(fields.get(entries.PRODUCER_GROUP)),
-                        "age_seconds": max(0.0, (now_ms - _id_ms(half_id)) / 1000),
+                        "age_seconds": max(0.0, (now_ms - entries.entry_ms(half_id)) / 1000),
                     }
                 )
         past_bound.sort(key=lambda r: -r["age_seconds"])
@@ -639,7 +627,7 @@ class ConsoleQueries:
         halves = next(replies) if newer else []
         messages = []
         for entry_id, raw in committed:
-            fields = _text_fields(raw)
+            fields = entries.field_map(raw)
             messages.append(
                 {
                     "entry_id": entries.text(entry_id),
@@ -648,10 +636,10 @@ class ConsoleQueries:
                     "tags": entries.text(fields.get(entries.TAGS)),
                     "body_bytes": len(fields.get(entries.BODY) or b""),
                     "body_preview": _preview(fields.get(entries.BODY)),
-                    "age_seconds": max(0.0, (now_ms - _id_ms(entry_id)) / 1000),
+                    "age_seconds": max(0.0, (now_ms - entries.entry_ms(entry_id)) / 1000),
                 }
             )
-        in_flight = [_half_row(half_id, _text_fields(raw), now_ms) for half_id, raw in halves]
+        in_flight = [_half_row(half_id, entries.field_map(raw), now_ms) for half_id, raw in halves]
         return {
             "topic": topic,
             "partitions": partitions,
@@ -817,7 +805,7 @@ class ConsoleQueries:
         for (keys, txid, where, value), (checks, remark, *found) in zip(
             hits, _pipelined(self.client, hits, queue_detail), strict=True
         ):
-            fields = _text_fields(found[0][0][1]) if found and found[0] else {}
+            fields = entries.field_map(found[0][0][1]) if found and found[0] else {}
             row: dict[str, Any] = {
                 "transaction_id": txid,
                 "topic": keys.topic,
@@ -833,7 +821,7 @@ class ConsoleQueries:
             }
             if where == "inflight":
                 row.update(state="IN_FLIGHT", half_id=value)
-                row["age_seconds"] = max(0.0, (now_ms - _id_ms(value)) / 1000)
+                row["age_seconds"] = max(0.0, (now_ms - entries.entry_ms(value)) / 1000)
             elif where == "dead":
                 row.update(state="DEAD_LETTERED", dead_letter_id=value, half_id=entries.text(fields.get("half_id")))
                 row["reason"] = entries.text(fields.get("dead_reason"))
@@ -847,10 +835,8 @@ class ConsoleQueries:
                     half_id=half_id or None,
                     producer_group=group or row["producer_group"],
                 )
-                if row["born_ms"] is None and half_id:
-                    row["born_ms"] = _id_ms(half_id)
             if row["born_ms"] is None and row["half_id"]:
-                row["born_ms"] = _id_ms(row["half_id"])
+                row["born_ms"] = entries.entry_ms(row["half_id"])
             rows.append(row)
         rows.sort(key=lambda r: (_part_index(r["transaction_id"]), r["stream"]))
         return rows
@@ -881,7 +867,7 @@ class ConsoleQueries:
         for keys, (committed, halves, dead) in zip(chosen, _pipelined(self.client, chosen, queue), strict=True):
             for state, found in (("COMMITTED", committed), ("IN_FLIGHT", halves), ("DEAD_LETTERED", dead)):
                 for entry_id, raw in found:
-                    fields = _text_fields(raw)
+                    fields = entries.field_map(raw)
                     if not match(fields):
                         continue
                     txid = entries.text(fields.get(entries.TRANSACTION_ID))
@@ -903,7 +889,7 @@ class ConsoleQueries:
                         "reason": entries.text(fields.get("dead_reason")),
                     }
                     if state == "IN_FLIGHT":
-                        row["age_seconds"] = max(0.0, (now_ms - _id_ms(entry_id)) / 1000)
+                        row["age_seconds"] = max(0.0, (now_ms - entries.entry_ms(entry_id)) / 1000)
                     rows.append(row)
         return rows
 
@@ -979,11 +965,11 @@ class ConsoleQueries:
             found = self.client.xrevrange(AUDIT_STREAM, max=f"({before}" if before else "+", min="-", count=size)
         rows = []
         for entry_id, raw in found:
-            fields = {k: entries.text(v) for k, v in _text_fields(raw).items()}
+            fields = {k: entries.text(v) for k, v in entries.field_map(raw).items()}
             row = dict.fromkeys(AUDIT_FIELDS, "")
             row.update(fields)
             row["phase"] = row["phase"] or "outcome"  # records of releases before intents were recorded
-            rows.append({"id": entries.text(entry_id), "at_ms": _id_ms(entry_id), **row})
+            rows.append({"id": entries.text(entry_id), "at_ms": entries.entry_ms(entry_id), **row})
         return {
             "rows": rows,
             "size": size,
@@ -1107,7 +1093,7 @@ def _half_row(half_id: Any, fields: dict[str, bytes], now_ms: int) -> dict[str, 
         "keys": entries.text(fields.get(entries.KEYS)),
         "parent_transaction_id": entries.text(fields.get(entries.PARENT_TRANSACTION_ID)),
         "born_ms": int(born) if born else None,
-        "age_seconds": max(0.0, (now_ms - _id_ms(half_id)) / 1000),
+        "age_seconds": max(0.0, (now_ms - entries.entry_ms(half_id)) / 1000),
         "body_bytes": len(fields.get(entries.BODY) or b""),
     }
 
@@ -1115,7 +1101,7 @@ def _half_row(half_id: Any, fields: dict[str, bytes], now_ms: int) -> dict[str, 
 def _dead_row(keys: TopicKeys, entry_id: Any, raw: Any, now_ms: int) -> dict[str, Any]:
     """A dead letter as ``txmq dead list`` shows it (``admin.dead_letter_row``), with its age."""
     row = admin.dead_letter_row(keys, entry_id, raw)
-    dead_at = _number(row["dead_at_ms"]) or _id_ms(entry_id)
+    dead_at = _number(row["dead_at_ms"]) or entries.entry_ms(entry_id)
     row["dead_at_ms"] = dead_at
     row["age_seconds"] = max(0.0, (now_ms - dead_at) / 1000)
     return row
