@@ -113,7 +113,8 @@ class CheckerHealth:
         its last ``topic_failures`` scans in a row."""
         with self._lock:
             now = self._clock()
-            beat_age = None if self._last_beat is None else now - self._last_beat
+            # rounded first, as /healthz's: the verdict is taken on the figure shown
+            beat_age = None if self._last_beat is None else round(now - self._last_beat, 3)
             failing = {
                 stream: {"rounds": count, "error": error}
                 for stream, (count, error) in sorted(self._topic_failures.items())
@@ -125,7 +126,7 @@ class CheckerHealth:
                 "redis": {"ok": self._started and not self._failed},
                 "heartbeat": {
                     "ok": beat_age is not None and beat_age <= self.heartbeat_window,
-                    "seconds_since_beat": None if beat_age is None else round(beat_age, 3),
+                    "seconds_since_beat": beat_age,
                     "limit": self.heartbeat_window,
                 },
                 "topics": {"ok": not failing, "limit": self.topic_failures},
