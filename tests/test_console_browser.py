@@ -434,3 +434,41 @@ def test_a_page_shows_redis_going_away_and_recovers_by_itself(page: Page, tmp_pa
         client.close()
         server.terminate()
         server.wait(10)
+
+
+def test_a_page_opened_while_the_figures_are_read_says_so_then_shows_them(
+    page: Page, real_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At thousands of topic streams the first read takes longer than a page waits (``page_wait_seconds``): the
+    page says the figures are being read and, once they are, reloads itself into the page with them."""
+    import uvicorn
+
+    from redis_txmq import Settings
+    from redis_txmq.ops.console.app import create_app
+    from redis_txmq.ops.console.queries import ConsoleOptions
+
+    from .test_console_cost import Gate, register
+
+    gate = Gate(monkeypatch)  # the read of every topic held until the test lets it go
+    register(real_client, 5)
+    gate.open.clear()
+    options = ConsoleOptions(aside_from_streams=5, page_wait_seconds=0.05)
+    app = create_app(real_client, Settings(), operator_token=None, options=options)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, timeout=30)
+        assert gate.entered.wait(10), "the console began its first read when it started"
+        page.goto(f"http://127.0.0.1:{port}/topics?sort=topic&order=desc")
+        expect(page.get_by_test_id("reading")).to_contain_text("reading the figures of 5 topic streams")
+        expect(page.get_by_test_id("topic-row")).to_have_count(0)
+        gate.open.set()
+        expect(page.get_by_test_id("topic-row")).to_have_count(5)
+        assert page.get_by_test_id("topic-row").first.get_attribute("data-topic") == "topic-0004"
+        expect(page.get_by_test_id("topics-filter")).to_be_visible()  # the whole page: its filters too
+        expect(page.get_by_test_id("reading")).to_have_count(0)
+    finally:
+        server.should_exit = True
+        thread.join(10)

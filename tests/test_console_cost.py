@@ -98,6 +98,81 @@ def test_after_an_action_the_next_page_waits_for_a_new_read(
     assert len(cache.get()[0]["topics"]) == 2
 
 
+def test_at_thousands_of_streams_a_page_waits_for_a_read_at_most_its_budget(
+    real_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(monkeypatch)
+    register(real_client, 3)
+    cache = StatusCache(real_client, 15, refresh_seconds=60, aside_from_streams=3, page_wait_seconds=0.05)
+    gate.open.clear()
+    cache.start()  # as the console starts: the first read begins beside the requests
+    assert gate.entered.wait(10)
+    with pytest.raises(queries.StatusPending, match="reading the figures of 3 topic streams"):
+        cache.get()
+    waited = threading.Thread(target=cache.wait_read)
+    waited.start()
+    gate.open.set()
+    waited.join(10)
+    assert not waited.is_alive()
+    report, _ = cache.get()
+    assert len(report["topics"]) == 3
+
+    register(real_client, 4)
+    gate.open.clear()
+    gate.entered.clear()
+    cache.invalidate()  # an action: the next page must see a read that began after it
+    with pytest.raises(queries.StatusPending):
+        cache.get()
+    assert gate.entered.wait(10)
+    gate.open.set()
+    wait_until(lambda: _pending_or(cache) == 4)
+
+    gate.fail = redis.ConnectionError("Redis went away")
+    cache.invalidate()
+    with pytest.raises(redis.ConnectionError, match="went away"):  # a failed read reaches the page that waits
+        wait_until(lambda: _pending_or(cache) == -1, timeout=10)
+    gate.fail = None
+    wait_until(lambda: _pending_or(cache) == 4)
+
+
+def _pending_or(cache: StatusCache) -> int:
+    """The snapshot's stream count, or -1 while the page would be told the figures are being read."""
+    try:
+        return len(cache.get()[0]["topics"])
+    except queries.StatusPending:
+        return -1
+
+
+def test_a_page_says_the_figures_are_being_read_and_the_json_endpoint_waits(
+    real_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starlette.testclient import TestClient
+
+    from redis_txmq.ops.console.app import create_app
+
+    gate = Gate(monkeypatch)
+    register(real_client, 5)
+    gate.open.clear()
+    options = ConsoleOptions(refresh_seconds=60, aside_from_streams=5, page_wait_seconds=0.05)
+    app = create_app(real_client, Settings(), operator_token=None, options=options)
+    with TestClient(app, base_url="http://127.0.0.1") as web:  # its startup begins the first read
+        assert gate.entered.wait(10)
+        page = web.get("/topics")
+        assert page.status_code == 200 and 'data-testid="reading"' in page.text
+        assert "reading the figures of 5 topic streams" in page.text and 'hx-get="/topics"' in page.text
+        poll = web.get("/topics", headers={"HX-Request": "true", "HX-Trigger": "reading"})
+        assert 'data-testid="reading"' in poll.text and "HX-Refresh" not in poll.headers
+        assert web.get("/topics/topic-0001").status_code == 200  # a topic's page reads its own streams
+        assert web.get("/jobs").status_code == 200
+
+        threading.Timer(0.3, gate.open.set).start()
+        rows = web.get("/api/topics").json()["rows"]  # waits for the read rather than say it is under way
+        assert [r["topic"] for r in rows] == [f"topic-{i:04d}" for i in range(5)]
+        poll = web.get("/topics", headers={"HX-Request": "true", "HX-Trigger": "reading"})
+        assert poll.headers["HX-Refresh"] == "true"  # read: the reading page reloads into the page itself
+        assert 'data-testid="topic-row"' in web.get("/topics").text
+
+
 def hmgets(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
 

@@ -140,6 +140,7 @@ CONSOLE_COMMANDS = (
     "hscan",
     "smembers",
     "scard",
+    "smismember",
     "zcount",
     "zcard",
     "zrange",

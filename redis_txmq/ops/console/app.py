@@ -11,6 +11,7 @@ most; errors are pages, never tracebacks (debug is off, every error has its hand
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import math
@@ -19,7 +20,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,6 +56,7 @@ from .queries import (
     ConsoleOptions,
     ConsoleQueries,
     NotFound,
+    StatusPending,
     entry_id_arg,
     filter_arg,
     page_args,
@@ -73,6 +75,8 @@ SESSION_COOKIE = "txmq_console"
 SESSION_SECONDS = 8 * 3600
 OPERATOR_NAME = re.compile(r"[A-Za-z0-9 _.@-]{1,64}")
 MAX_ACTION_ITEMS = 500
+READING_ID = "reading"
+"""The element of the page that says the figures are being read; its poll, once they are, reloads the page."""
 MAX_SESSIONS = 10_000
 """Sessions kept at most (the oldest is dropped past it): a bound on memory, far beyond the operators of a
 deployment."""
@@ -506,11 +510,18 @@ def create_app(
         async def html(request: Request) -> Response:
             data = await run_in_threadpool(read, request)
             live = request.headers.get("hx-request") == "true"
+            if live and request.headers.get("hx-trigger") == READING_ID:
+                return Response(headers={"HX-Refresh": "true"})  # the figures are read: the whole page, anew
             shown = f"live/{template}" if live else template
             return templates.TemplateResponse(request, shown, context(request, page=name, data=data))
 
         async def api(request: Request) -> Response:
-            data = await run_in_threadpool(read, request)
+            while True:
+                try:
+                    data = await run_in_threadpool(read, request)
+                    break
+                except StatusPending:
+                    await run_in_threadpool(q.cache.wait_read)
             if data is None:
                 raise BadRequest("give ?id=<transaction id> or ?key=<message key>")
             return JSONResponse(data)
@@ -886,6 +897,12 @@ def create_app(
         detail = exc.detail if exc.status_code != 404 or exc.detail != "Not Found" else "no such page"
         return error_response(request, exc.status_code, str(detail))
 
+    async def pending(request: Request, exc: Exception) -> Response:
+        live = request.headers.get("hx-request") == "true"
+        template = "live/reading.html" if live else "reading.html"
+        values = context(request, page="reading", message=str(exc), reading_id=READING_ID)
+        return templates.TemplateResponse(request, template, values)
+
     async def unavailable(request: Request, exc: Exception) -> Response:
         message = _scrubbed(f"Redis cannot be read now ({type(exc).__name__}: {exc})", state)
         logger.warning("console: %s %s: %s", request.method, request.url.path, message)
@@ -897,6 +914,7 @@ def create_app(
 
     handlers: dict[Any, Any] = {
         BadRequest: bad_request,
+        StatusPending: pending,
         NotFound: not_found,
         HTTPException: http_error,
         TxMQConnectionError: unavailable,
@@ -925,6 +943,15 @@ def create_app(
             same_site="strict",
         ),
     ]
-    app = Starlette(debug=False, routes=routes, middleware=middleware, exception_handlers=handlers)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            await run_in_threadpool(q.cache.start)  # at thousands of topics, the first page finds its figures read
+        except REDIS_ERRORS as exc:
+            logger.warning("console: the first read of the status failed: %s", _scrubbed(str(exc), state))
+        yield
+
+    app = Starlette(debug=False, routes=routes, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
     app.state.console = state
     return app

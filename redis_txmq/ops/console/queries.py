@@ -26,6 +26,7 @@ from ...core.keys import (
     CHECKER_INSTANCES,
     CHECKER_LEVELS,
     JOB_REGISTRY,
+    TOPIC_REGISTRY,
     GroupKeys,
     JobKeys,
     TopicKeys,
@@ -33,6 +34,7 @@ from ...core.keys import (
     topic_keys_of_stream,
 )
 from ...core.message import validate_name
+from ...core.topics import partition_keys
 from ...transport.connection import pipeline_each
 from .. import admin
 
@@ -73,6 +75,11 @@ class ConsoleOptions:
     """A search by message key reads the latest this many entries of each stream it looks in."""
     scan_streams: int = 200
     """A search by message key without a topic looks in at most this many topic streams."""
+    aside_from_streams: int = 1000
+    """From this many registered topic streams on, the status snapshot a page must wait for (the first, or the first
+    after an action) is read beside the requests: a console starts reading it when it starts."""
+    page_wait_seconds: float = 0.1
+    """How long a page waits for such a read before it says the figures are being read (and fills in by itself)."""
 
 
 DEFAULT_PAGE_SIZE = 50
@@ -225,6 +232,19 @@ def _preview(body: bytes | None, length: int = 120) -> str:
     return text if len(text) <= length else text[:length] + "…"
 
 
+class StatusPending(TxMQError):
+    """The status snapshot is being read and the page waited ``ConsoleOptions.page_wait_seconds`` for it: the first
+    read of a console at thousands of topic streams, or the read after an action there. The page says so and
+    reloads itself once the read is done; the JSON endpoints wait for it (``StatusCache.wait_read``)."""
+
+    def __init__(self, streams: int) -> None:
+        super().__init__(
+            f"reading the figures of {streams:,} topic streams (the first read since the console started, or the "
+            "first since an action); the page fills in by itself when they are read"
+        )
+        self.streams = streams
+
+
 class StatusCache:
     """``admin.status``, read at most once per period for every page and poll: ``refresh_seconds``, or one second
     per ``streams_per_second`` topic streams when longer (``period``).
@@ -232,19 +252,32 @@ class StatusCache:
     While a read is quick it is made in the request that finds the snapshot too old (one lock: concurrent polls wait
     for the one read in progress rather than each reading). Once one took longer than ``SLOW_READ_SECONDS``
     (thousands of topics), the next is made in a thread of its own and pages are served the last snapshot meanwhile
-    (its time is on the page): no page waits for a read of every topic. A background read that fails is raised to
-    the next caller, and the snapshot is dropped: the pages show the error, then read anew."""
+    (its time is on the page): no page waits for a read of every topic. At ``aside_from_streams`` registered topic
+    streams or more, a read that a page must wait for (none yet, or the first after an action) is made in that
+    thread too, and the page waits for it at most ``page_wait_seconds``, then gets ``StatusPending``. A background
+    read that fails is raised to the next caller, and the snapshot is dropped: the pages show the error, then read
+    anew."""
 
     SLOW_READ_SECONDS = 0.1
 
     def __init__(
-        self, client: Any, live_seconds: float, refresh_seconds: float, streams_per_second: float = math.inf
+        self,
+        client: Any,
+        live_seconds: float,
+        refresh_seconds: float,
+        streams_per_second: float = math.inf,
+        *,
+        aside_from_streams: int = 1000,
+        page_wait_seconds: float = math.inf,
     ) -> None:
         self.client = client
         self.live_seconds = live_seconds
         self.refresh_seconds = refresh_seconds
         self.streams_per_second = streams_per_second
+        self.aside_from_streams = aside_from_streams
+        self.page_wait_seconds = page_wait_seconds
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._read_at = -math.inf
         self._report: dict[str, Any] | None = None
         self._now_ms = 0
@@ -254,6 +287,7 @@ class StatusCache:
         self._wait_next = False
         self._started = -math.inf
         self._fresh_from = -math.inf
+        self._registered: int | None = None
 
     def period(self) -> float:
         """Seconds between two reads now."""
@@ -261,20 +295,65 @@ class StatusCache:
         return max(self.refresh_seconds, streams / self.streams_per_second)
 
     def get(self) -> tuple[dict[str, Any], int]:
-        """The status report and the server time (ms) it was read at."""
+        """The status report and the server time (ms) it was read at; ``StatusPending`` when a page would wait
+        longer than ``page_wait_seconds`` for it."""
         with self._lock:
-            if self._failed is not None:
-                failed, self._failed, self._report = self._failed, None, None
-                raise failed
+            self._raise_failed()
             if self._report is not None and time.monotonic() - self._read_at < self.period():
                 return self._report, self._now_ms
             if self._report is not None and self._took >= self.SLOW_READ_SECONDS and not self._wait_next:
-                if self._reading is None:
-                    self._reading = threading.Thread(target=self._read_aside, name="txmq-console-status", daemon=True)
-                    self._reading.start()
+                self._read_in_thread()
                 return self._report, self._now_ms
-            self._store(*self._read())
-            return self._report, self._now_ms  # type: ignore[return-value]  # just stored
+            if self._streams() < self.aside_from_streams:
+                self._store(*self._read())
+                return self._report, self._now_ms  # type: ignore[return-value]  # just stored
+            return self._wait(self.page_wait_seconds)
+
+    def start(self) -> None:
+        """Begins the first read beside the requests when it will be a long one (a console starting up), so that
+        the first page finds it done or under way."""
+        with self._lock:
+            if self._report is None and self._streams() >= self.aside_from_streams:
+                self._read_in_thread()
+
+    def wait_read(self) -> None:
+        """Waits for the read a page got ``StatusPending`` for (a JSON endpoint waits rather than say so); a read
+        that fails is left for ``get`` to raise."""
+        with self._lock:
+            while self._failed is None and (self._report is None or self._wait_next):
+                self._read_in_thread()
+                self._changed.wait()
+
+    def _wait(self, seconds: float) -> tuple[dict[str, Any], int]:
+        """Under the lock: the snapshot once a read newer than the last action has stored it."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self._raise_failed()
+            if self._report is not None and not self._wait_next:
+                return self._report, self._now_ms
+            self._read_in_thread()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StatusPending(self._streams())
+            self._changed.wait(None if left == math.inf else left)
+
+    def _raise_failed(self) -> None:
+        if self._failed is not None:
+            failed, self._failed, self._report = self._failed, None, None
+            raise failed
+
+    def _streams(self) -> int:
+        """Topic streams to read: the last snapshot's, or the registry's count before the first read."""
+        if self._report is not None:
+            return len(self._report["topics"])
+        if self._registered is None:
+            self._registered = int(self.client.scard(TOPIC_REGISTRY))
+        return self._registered
+
+    def _read_in_thread(self) -> None:
+        if self._reading is None:
+            self._reading = threading.Thread(target=self._read_aside, name="txmq-console-status", daemon=True)
+            self._reading.start()
 
     def _read(self) -> tuple[dict[str, Any], int, float, float]:
         started = time.monotonic()
@@ -299,11 +378,13 @@ class StatusCache:
                 self._reading = None
                 if self._newest(started):
                     self._failed = exc
+                self._changed.notify_all()
             return
         with self._lock:
             self._reading = None
             if self._newest(started):
                 self._store(*read)
+            self._changed.notify_all()
 
     def invalidate(self) -> None:
         """After an action: the next page reads anew, and waits for it, to show what the action changed."""
@@ -429,7 +510,14 @@ class ConsoleQueries:
         self.options = options
         self.max_transaction_messages = max_transaction_messages
         self.live_seconds = live_seconds
-        self.cache = StatusCache(client, live_seconds, options.refresh_seconds, options.streams_per_second)
+        self.cache = StatusCache(
+            client,
+            live_seconds,
+            options.refresh_seconds,
+            options.streams_per_second,
+            aside_from_streams=options.aside_from_streams,
+            page_wait_seconds=options.page_wait_seconds,
+        )
         self.rates = RateSampler(client, options.rates_window_seconds, options.rates_bucket_seconds)
         self._found_in: OrderedDict[str, list[TopicKeys]] = OrderedDict()
         self._found_lock = threading.Lock()
@@ -594,16 +682,19 @@ class ConsoleQueries:
 
     def topic(self, topic: str, partition: int | None, before: str, after: str, size: int) -> dict[str, Any]:
         """One topic: its partitions' figures, its consumer groups, the latest committed messages of one partition
-        (``before`` an entry id: the next page) and its in-flight half messages (``after`` an id)."""
-        report, now_ms = self.cache.get()
-        partitions = [
-            dict(t, partition=topic_keys_of_stream(t["stream"]).partition)
-            for t in report["topics"]
-            if t["topic"] == topic
-        ]
-        if not partitions:
+        (``before`` an entry id: the next page) and its in-flight half messages (``after`` an id). Read from the
+        topic's own streams, not the status snapshot: fresh on every poll, and never waiting for a read of every
+        topic."""
+        now_ms = server_ms(self.client)
+        every = partition_keys(self.client, topic)
+        registered = self.client.smismember(TOPIC_REGISTRY, [k.topic_stream for k in every])
+        streams = [keys for keys, known in zip(every, registered, strict=True) if int(known)]
+        if not streams:
             raise NotFound(f"no registered topic {topic!r}; the topics page lists them")
-        streams = [topic_keys_of_stream(t["stream"]) for t in partitions]
+        partitions = [
+            dict(_checked_figures(figures), partition=keys.partition)
+            for keys, figures in zip(streams, admin.streams_figures(self.client, streams, now_ms), strict=True)
+        ]
         chosen = streams[0]
         if partition is not None:
             found = [k for k in streams if k.partition == partition]
@@ -982,7 +1073,7 @@ class ConsoleQueries:
     def jobs(self, page: int, size: int) -> dict[str, Any]:
         """The write jobs not settled yet (``txmq:jobs``), paged by when the checker looks at each next (parked ones
         last): state, stages, decision, and why a parked one is parked."""
-        report, now_ms = self.cache.get()
+        now_ms = server_ms(self.client)
         total = int(self.client.zcard(JOB_REGISTRY))
         listed = self.client.zrange(JOB_REGISTRY, (page - 1) * size, page * size - 1, withscores=True)
         members = [(entries.text(m) or "", score) for m, score in listed]
@@ -1029,7 +1120,7 @@ class ConsoleQueries:
             )
         pages = max(1, math.ceil(total / size))
         return {
-            "summary": report["write_jobs"],
+            "summary": admin.write_jobs(self.client, now_ms),  # its own reads: no wait for a read of every topic
             "total": total,
             "page": page,
             "pages": pages,
@@ -1062,6 +1153,12 @@ def topic_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             previous = row["oldest_in_flight_age_seconds"]
             row["oldest_in_flight_age_seconds"] = age if previous is None else max(previous, age)
     return list(rows.values())
+
+
+def _checked_figures(figures: dict[str, Any] | Exception) -> dict[str, Any]:
+    if isinstance(figures, Exception):
+        raise figures
+    return figures
 
 
 def _number(text: str | None) -> int | None:
