@@ -10,7 +10,6 @@ import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import sys
@@ -18,7 +17,6 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import unquote, urlsplit
 
 import click
 import redis
@@ -28,7 +26,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.table import Table
 
 from . import __version__
-from .core.clients import REDIS_ERRORS, instance_id, redact_url
+from .core.clients import REDIS_ERRORS, instance_id, redact_url, scrub, url_secrets
 from .core.config import Settings
 from .core.durability import LEVELS
 from .core.durability import describe as describe_durability
@@ -125,7 +123,7 @@ def _usage_error(exc: click.UsageError, command_path: str) -> click.ClickExcepti
 
 def _describe(exc: BaseException, redis_url: str | None) -> str:
     """What happened and what to do, for the exceptions a command can meet."""
-    where = f"Redis at {_shown(redis_url)}" if redis_url else "Redis"
+    where = f"Redis at {redact_url(redis_url)}" if redis_url else "Redis"
     if isinstance(exc, TxMQConnectionError) and isinstance(exc.__cause__, (redis.RedisError, RedisClusterException)):
         exc = exc.__cause__
     if isinstance(exc, redis.AuthenticationError):
@@ -149,34 +147,13 @@ def _describe(exc: BaseException, redis_url: str | None) -> str:
     return str(exc)
 
 
-MIN_SCRUBBED_PASSWORD = 4
 """A shorter password is not searched for in messages on its own (it would star out ordinary words); the URL that
 holds it always is."""
 
 
 def _one_line(text: str, redis_url: str | None) -> str:
     """``text`` on one line, without the password of ``redis_url``."""
-    if redis_url:
-        text = text.replace(redis_url, _shown(redis_url))
-        password = _password(redis_url)
-        if password and len(password) >= MIN_SCRUBBED_PASSWORD:
-            text = text.replace(password, "***").replace(unquote(password), "***")
-    return " ".join(text.split())
-
-
-def _shown(redis_url: str) -> str:
-    """The URL without its password, also when it does not parse."""
-    try:
-        return redact_url(redis_url)
-    except ValueError:
-        return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", redis_url)
-
-
-def _password(redis_url: str | None) -> str | None:
-    try:
-        return urlsplit(redis_url).password if redis_url else None
-    except ValueError:
-        return None
+    return scrub(text, url_secrets(redis_url))
 
 
 def _remember_url(redis_url: str) -> None:
@@ -203,7 +180,7 @@ def _connect(redis_url: str, *, cluster: bool = False) -> Any:
     except ConfigurationError as exc:
         raise CommandError(_one_line(f"{exc}; {URL_HINT}", redis_url)) from None
     except ValueError as exc:
-        message = f"invalid Redis URL {_shown(redis_url)!r}: {exc}; {URL_HINT}"
+        message = f"invalid Redis URL {redact_url(redis_url)!r}: {exc}; {URL_HINT}"
         raise CommandError(_one_line(message, redis_url)) from None
 
 
@@ -314,7 +291,7 @@ def demo(redis_url: str | None, spark: bool) -> None:
         console.print(f"[bold]Embedded Redis[/] ({embedded.kind}) at {redis_url}")
     else:
         _connect(redis_url).close()
-        console.print(f"[bold]Redis[/] at {_shown(redis_url)}")
+        console.print(f"[bold]Redis[/] at {redact_url(redis_url)}")
     try:
         outcome = run_demo(redis_url, console, run_checker=_run_checker)
         if outcome.ok and spark:
@@ -473,7 +450,7 @@ def checker(
         signal.signal(signum, lambda *_: stop.set())
     instance = instance_id("checker")
     console.print(
-        f"checker {instance} on {_shown(settings.redis_url)}: "
+        f"checker {instance} on {redact_url(settings.redis_url)}: "
         f"transaction_timeout={settings.transaction_timeout}s check_interval={settings.check_interval}s "
         f"check_max={settings.check_max} max_age={settings.max_age}s "
         f"durability={describe_durability(settings.durability_level())}",
@@ -501,7 +478,7 @@ def _client_once_reachable(settings: Settings, stop: threading.Event, metrics: A
         except REDIS_ERRORS as exc:
             delay = backoff.next()
             logging.getLogger("redis_txmq.checker").warning(
-                "cannot reach Redis at %s (%s); retrying in %.1f s", _shown(settings.redis_url), exc, delay
+                "cannot reach Redis at %s (%s); retrying in %.1f s", redact_url(settings.redis_url), exc, delay
             )
             if metrics is not None:  # a try to start: the probes see the loop going round, and why it fails
                 metrics.step_failed("start", exc)
@@ -763,7 +740,7 @@ def console_command(
         raise CommandError(f"{exc} ({CONSOLE_TOKEN_ENV})") from None
     mode = "operators may act after logging in" if token else f"read-only (set {CONSOLE_TOKEN_ENV} to allow actions)"
     console.print(
-        f"txmq console on http://{host}:{port}/ for Redis at {_shown(settings.redis_url)}: {mode}", highlight=False
+        f"txmq console on http://{host}:{port}/ for Redis at {redact_url(settings.redis_url)}: {mode}", highlight=False
     )
     uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False, proxy_headers=False)
 

@@ -699,10 +699,14 @@ def test_an_invalid_operator_redis_url_is_named_by_its_variable(monkeypatch: pyt
 
 
 def test_a_password_in_the_query_of_a_redis_url_is_starred_out_of_errors() -> None:
-    from redis_txmq.ops.console.app import _secrets_of
+    from redis_txmq.core.clients import scrub, url_secrets
 
-    hidden = _secrets_of("redis://op@127.0.0.1:6390/0?password=Hunter2-SecretPw&db=0")
+    url = "redis://op@127.0.0.1:6390/0?password=Hunter2-SecretPw&db=0"
+    hidden = url_secrets(url)
     assert "Hunter2-SecretPw" in hidden
+    assert scrub(f"cannot reach {url}; Hunter2-SecretPw refused", hidden) == (
+        "cannot reach redis://op@127.0.0.1:6390/0?password=***&db=0; *** refused"
+    )
 
 
 def test_a_message_ended_by_someone_else_meanwhile_is_not_counted_as_the_failed_actions(

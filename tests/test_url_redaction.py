@@ -27,6 +27,11 @@ def test_an_invalid_url_is_refused_without_its_password():
         ("redis://cache.internal/0?db=1&PassWord=s3cret-pw", "redis://cache.internal/0?db=1&PassWord=***"),
         ("redis://cache.internal/0?pass%77ord=s3cret-pw", "redis://cache.internal/0?pass%77ord=***"),
         ("rediss://:a@cache.internal/0?password=s3cret-pw", "rediss://:***@cache.internal/0?password=***"),
+        # a URL redis-py refuses (a bad port) is still shown, for the operator to see what is wrong
+        (
+            "redis://op:s3cret-pw@cache.internal:abc/0?password=s3cret-pw",
+            "redis://op:***@cache.internal:abc/0?password=***",
+        ),
         (
             "redis+sentinel://s1:26379/mymaster?password=s3cret-pw&sentinel_password=s3cret-pw",
             "redis+sentinel://s1:26379/mymaster?password=***&sentinel_password=***",

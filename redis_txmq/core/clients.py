@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
@@ -105,8 +106,9 @@ def redact_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         password, port = parts.password, parts.port
-    except ValueError:
-        return "<unparsable redis url>"
+    except ValueError:  # a bad port, say: still shown, for the operator to see what is wrong, without the password
+        head, question, query = url.partition("?")
+        return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", head) + question + _redact_query(query)
     query = _redact_query(parts.query)
     if password is None:
         return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
@@ -131,6 +133,42 @@ def _redact_query(query: str) -> str:
         name, eq, _ = pair.partition("=")
         pairs.append(f"{name}=***" if eq and unquote(name).strip().lower() in SECRET_QUERY_NAMES else pair)
     return "&".join(pairs)
+
+
+MIN_SCRUBBED_SECRET = 4
+"""A password shorter than this is not starred out of free text (it would star out ordinary words)."""
+
+
+def url_secrets(*urls: str | None) -> tuple[str, ...]:
+    """What must never be shown of ``urls``: each URL itself and its passwords (before the host, or a ``password=`` /
+    ``sentinel_password=`` of its query: redis-py reads both), as written and decoded, longest first (so that a
+    password inside a URL is starred out with the URL)."""
+    found: list[str] = []
+    for url in urls:
+        if not url:
+            continue
+        found.append(url)
+        scheme_rest = url.partition("://")[2]
+        netloc = scheme_rest.partition("/")[0].partition("?")[0]
+        userinfo, at, _ = netloc.rpartition("@")
+        passwords = [userinfo.partition(":")[2]] if at else []
+        for argument in url.partition("?")[2].split("&"):
+            name, _, value = argument.partition("=")
+            if unquote_plus(name).strip().lower() in SECRET_QUERY_NAMES:
+                passwords += [value, unquote_plus(value)]
+        for password in passwords:
+            if len(password) >= MIN_SCRUBBED_SECRET:
+                found += [password, unquote(password)]
+    return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """``text`` on one line with each of ``secrets`` (``url_secrets``) replaced: a URL by ``redact_url``'s form of
+    it, a password by ``***``."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, redact_url(secret) if "://" in secret else "***")
+    return " ".join(text.split())
 
 
 def is_sentinel_url(url: str) -> bool:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, unquote_plus, urlsplit
 
 import jinja2
 from starlette.applications import Starlette
@@ -42,7 +41,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...core import entries
-from ...core.clients import REDIS_ERRORS, SECRET_QUERY_NAMES, redact_url
+from ...core.clients import REDIS_ERRORS, redact_url, scrub, url_secrets
 from ...core.config import Settings
 from ...core.errors import ConfigurationError, TxMQConnectionError, TxMQError
 from ...core.keys import AUDIT_MAXLEN, AUDIT_STREAM, TopicKeys, decision_key
@@ -312,32 +311,7 @@ def _templates() -> Jinja2Templates:
 
 
 def _scrubbed(text: str, state: ConsoleState) -> str:
-    for secret in state.secrets_to_hide:
-        text = text.replace(secret, "***")
-    return " ".join(text.split())
-
-
-def _secrets_of(*urls: str | None) -> tuple[str, ...]:
-    """The URLs and their passwords (before the host, or a ``password=`` of the query: redis-py reads both), to be
-    starred out of any error shown or logged."""
-    found: list[str] = []
-    for url in urls:
-        if not url:
-            continue
-        found.append(url)
-        try:
-            parts = urlsplit(url)
-            passwords = [parts.password or ""]
-        except ValueError:
-            continue
-        for argument in parts.query.split("&"):
-            name, _, value = argument.partition("=")
-            if unquote_plus(name) in SECRET_QUERY_NAMES:
-                passwords += [value, unquote_plus(value)]
-        for password in passwords:
-            if len(password) >= 4:
-                found += [password, unquote(password)]
-    return tuple(sorted(set(found), key=len, reverse=True))
+    return scrub(text, state.secrets_to_hide)
 
 
 def _host_patterns(allowed_hosts: Sequence[str]) -> list[str]:
@@ -474,7 +448,7 @@ def create_app(
         operator_token=operator_token,
         action_client=action_client if action_client is not None else client,
         shown_url=redact_url(redis_url) if redis_url else "",
-        secrets_to_hide=_secrets_of(redis_url, action_redis_url),
+        secrets_to_hide=url_secrets(redis_url, action_redis_url),
     )
     templates = _templates()
 
