@@ -481,13 +481,13 @@ def test_nothing_is_done_without_its_audit_record_of_intent(
         real_client.execute_command("ACL", "DELUSER", "op")
 
     seen: list[list[str]] = []
-    resolve = admin.resolve_dead_transaction
+    resolve = admin.resolve_dead_target
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append([r["phase"] for r in audit_records(real_client)])
         return resolve(*args, **kwargs)
 
-    monkeypatch.setattr(admin, "resolve_dead_transaction", spy)
+    monkeypatch.setattr(admin, "resolve_dead_target", spy)
     web = console(real_client)
     log_in(web, "bob")
     form = {"csrf": csrf_of(web.get("/dead").text), "action": "rollback", "tx": ["payments tx-dead"]}
@@ -712,13 +712,13 @@ def test_a_password_in_the_query_of_a_redis_url_is_starred_out_of_errors() -> No
 def test_a_message_ended_by_someone_else_meanwhile_is_not_counted_as_the_failed_actions(
     real_client: redis.Redis, seeded: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    resolve = admin.resolve_dead_transaction
+    resolve = admin.resolve_dead_target
 
-    def raced(broker: Any, txid: str, action: Any, topic: Any = None, remark: str = "") -> Any:
-        resolve(broker, txid, type(action).COMMIT, topic, "another operator")  # commits it first
-        return resolve(broker, txid, action, topic, remark)  # the rollback asked for then conflicts
+    def raced(broker: Any, target: Any, action: Any, remark: str = "") -> Any:
+        resolve(broker, target, type(action).COMMIT, "another operator")  # commits it first
+        return resolve(broker, target, action, remark)  # the rollback asked for then conflicts
 
-    monkeypatch.setattr(admin, "resolve_dead_transaction", raced)
+    monkeypatch.setattr(admin, "resolve_dead_target", raced)
     web = console(real_client)
     log_in(web)
     form = {"csrf": csrf_of(web.get("/dead").text), "action": "rollback", "tx": ["payments tx-dead"]}

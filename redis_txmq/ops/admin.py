@@ -484,18 +484,22 @@ def find_dead_transaction(client: Any, transaction_id: str, topic: str | None = 
             transaction_id=transaction_id,
         )
     candidates = registered_topics(client, topic)
-    for keys in candidates:
-        if client.hexists(keys.dead_index, transaction_id):
+
+    def queue(pipe: Any, keys: TopicKeys) -> int:
+        pipe.hexists(keys.dead_index, transaction_id)
+        pipe.hexists(keys.ended, transaction_id)
+        pipe.hexists(keys.inflight, transaction_id)
+        return 3
+
+    replies = pipeline_each(client, candidates, queue)
+    found = [(keys, _checked(reply)) for keys, reply in zip(candidates, replies, strict=True)]
+    for keys, (dead, _, _) in found:
+        if dead:
             return keys, transaction_id
-    for keys in candidates:  # already resolved: the script answers a repeat with the first result
-        if client.hexists(keys.ended, transaction_id) or client.hexists(keys.inflight, transaction_id):
+    for keys, (_, ended, in_flight) in found:  # already resolved: the script answers a repeat with the first result
+        if ended or in_flight:
             return keys, transaction_id
-    pattern = _glob_escape(transaction_id) + "*"
-    matches = [
-        (keys, entries.text(member) or "")
-        for keys in candidates
-        for member, _ in client.hscan_iter(keys.dead_index, match=pattern, count=1000)
-    ]
+    matches = _dead_members(client, candidates, _glob_escape(transaction_id) + "*")
     if len(matches) == 1:
         return matches[0]
     if not matches:
@@ -534,20 +538,87 @@ def _dead_letter_fields(client: Any, keys: TopicKeys, transaction_id: str) -> di
 def dead_messages_of(client: Any, parent_transaction_id: str) -> list[tuple[TopicKeys, str]]:
     """Every dead-lettered message of the transaction of several messages ``parent_transaction_id`` (message ``i``
     is ``<parent>.<i>``), in any registered topic."""
-    pattern = _glob_escape(parent_transaction_id) + ".*"
-    return [
-        (keys, entries.text(member) or "")
-        for keys in registered_topics(client)
-        for member, _ in client.hscan_iter(keys.dead_index, match=pattern, count=1000)
-    ]
+    return _dead_members(client, registered_topics(client), _glob_escape(parent_transaction_id) + ".*")
+
+
+def _checked(replies: list[Any] | Exception) -> list[Any]:
+    """A stream's replies of ``pipeline_each``, raising the error that kept them from being read."""
+    if isinstance(replies, Exception):
+        raise replies
+    error = next((r for r in replies if isinstance(r, Exception)), None)
+    if error is not None:
+        raise error
+    return replies
+
+
+def _dead_members(client: Any, streams: list[TopicKeys], pattern: str) -> list[tuple[TopicKeys, str]]:
+    """The members of the streams' dead-letter indexes matching ``pattern``: ``HSCAN`` of every stream pipelined
+    (``pipeline_each``), then again of those whose scan is not finished, until none is: a round trip per round, not
+    per topic stream (thousands of them)."""
+    found: list[tuple[TopicKeys, str]] = []
+    scans: list[tuple[TopicKeys, int]] = [(keys, 0) for keys in streams]
+
+    def queue(pipe: Any, scan: tuple[TopicKeys, int]) -> int:
+        pipe.hscan(scan[0].dead_index, scan[1], match=pattern, count=1000)
+        return 1
+
+    while scans:
+        going_on = []
+        for (keys, _), replies in zip(scans, pipeline_each(client, scans, queue), strict=True):
+            cursor, members = _checked(replies)[0]
+            found += [(keys, entries.text(member) or "") for member in members]
+            if int(cursor):
+                going_on.append((keys, int(cursor)))
+        scans = going_on
+    return found
+
+
+@dataclass(frozen=True)
+class DeadTarget:
+    """What resolving one dead letter touches, read before it runs: its whole id on its partition, its dead letter's
+    fields ({} when it was resolved before: a repeat changes nothing), the transaction of several it belongs to ('' for
+    none) and every message a resolution resolves, this one first (the transaction's other dead-lettered messages
+    follow it)."""
+
+    keys: TopicKeys
+    transaction_id: str
+    fields: dict[str, bytes]
+    parent: str
+    parts: tuple[tuple[TopicKeys, str], ...]
+
+    @property
+    def dead(self) -> bool:
+        return bool(self.fields)
+
+
+def dead_target(client: Any, keys: TopicKeys, transaction_id: str) -> DeadTarget:
+    """The ``DeadTarget`` of the whole id ``transaction_id`` on ``keys`` (``find_dead_transaction`` finds them)."""
+    fields = _dead_letter_fields(client, keys, transaction_id)
+    parent = entries.text(fields.get(entries.PARENT_TRANSACTION_ID)) or ""
+    if not fields and "." in transaction_id:  # resolved before: its record says what a repeat may do
+        parent = transaction_id.rpartition(".")[0]
+    parts = [(keys, transaction_id)]
+    if parent:
+        parts += [found for found in dead_messages_of(client, parent) if found != (keys, transaction_id)]
+    return DeadTarget(keys, transaction_id, fields, parent, tuple(parts))
 
 
 def resolve_dead_transaction(
     broker: RedisBroker, transaction_id: str, action: DeadAction, topic: str | None = None, remark: str = ""
 ) -> tuple[str, list[DeadResolution]]:
     """Commit, roll back or re-check a dead-lettered transaction, named by its id or a unique prefix of it, finding
-    its topic when not given. Returns the id of the transaction of several messages it belongs to ('' for one
-    message) and what was resolved.
+    its topic when not given (``find_dead_transaction``, then ``resolve_dead_target``). Returns the id of the
+    transaction of several messages it belongs to ('' for one message) and what was resolved."""
+    keys, whole_id = find_dead_transaction(broker.client, transaction_id, topic)
+    target = dead_target(broker.client, keys, whole_id)
+    return target.parent, resolve_dead_target(broker, target, action, remark)
+
+
+def resolve_dead_target(
+    broker: RedisBroker, target: DeadTarget, action: DeadAction, remark: str = ""
+) -> list[DeadResolution]:
+    """Commit, roll back or re-check the dead letter ``target`` (``dead_target``): what ``txmq dead`` and the
+    console's actions run.
 
     A message of a transaction of several is never resolved alone: COMMIT or ROLLBACK first writes that transaction's
     decision in its record (``lua/decide_transaction.lua``; the first decision stands,
@@ -556,22 +627,17 @@ def resolve_dead_transaction(
     record (a message whose send did not return is rolled back whatever the decision); its messages still in flight are
     ended by the checker. RECHECK puts them all back in flight. Running it again after a crash finishes the job: the
     decision is written once and each resolution is idempotent."""
-    client = broker.client
     resolution = move(State.DEAD_LETTERED, RESOLVES_TO[action])  # the table of states says where the action leads
-    keys, whole_id = find_dead_transaction(client, transaction_id, topic)
+    keys, whole_id, parent = target.keys, target.transaction_id, target.parent
     logger.info("transaction %s: %s", whole_id, resolution.by)
-    fields = _dead_letter_fields(client, keys, whole_id)
-    parent = entries.text(fields.get(entries.PARENT_TRANSACTION_ID)) or ""
-    if not fields and "." in whole_id:  # resolved before: its record says what a repeat may do
-        parent = whole_id.rpartition(".")[0]
     if not parent:
-        return "", [DeadResolution(keys, whole_id, broker.resolve_dead(keys, whole_id, action, remark))]
-    group = entries.text(fields.get(entries.PRODUCER_GROUP)) or ""
-    named = [(keys, whole_id)] + [found for found in dead_messages_of(client, parent) if found != (keys, whole_id)]
+        return [DeadResolution(keys, whole_id, broker.resolve_dead(keys, whole_id, action, remark))]
+    group = entries.text(target.fields.get(entries.PRODUCER_GROUP)) or ""
+    named = list(target.parts)
     if action is DeadAction.RECHECK:
         resolved = [DeadResolution(k, txid, broker.resolve_dead(k, txid, action, remark)) for k, txid in named]
         _unpin(broker, parent, group, [txid for _, txid in named])
-        return parent, resolved
+        return resolved
     asked = LocalTransactionState(action.value)
     if group:
         record = broker.decide(parent, group, asked, EndSource.OPERATOR)
@@ -591,7 +657,7 @@ def resolve_dead_transaction(
         outcome = record.outcome_of(txid) or decided
         resolved.append(DeadResolution(k, txid, broker.resolve_dead(k, txid, DeadAction(outcome.value), remark)))
     _unpin(broker, parent, group, [txid for _, txid in named])
-    return parent, resolved
+    return resolved
 
 
 def resolve_dead_part(

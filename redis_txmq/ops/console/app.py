@@ -6,7 +6,7 @@ operator logs in with it (throttled: a few wrong tokens a minute); the session i
 a signed cookie, the ids in memory: logging out ends it, a restart ends them all) and every POST carries its CSRF
 token. An action names whole transaction ids only, is confirmed on a page of its own before it runs, is recorded in
 the audit before it runs (no record, no action) and after, with what it did, read back from Redis when it failed
-part-way; it runs ``admin.resolve_dead_transaction`` (what ``txmq dead`` runs). Pages show the Redis URL redacted at
+part-way; it runs ``admin.resolve_dead_target`` (what ``txmq dead`` runs). Pages show the Redis URL redacted at
 most; errors are pages, never tracebacks (debug is off, every error has its handler)."""
 
 from __future__ import annotations
@@ -243,17 +243,32 @@ class ConsoleState:
 
 @dataclass(frozen=True)
 class Target:
-    """What an action on one chosen dead letter touches, read before it runs: the whole id on its partition, whether
-    it is still dead-lettered (else resolved before: a repeat changes nothing), the transaction of several it belongs
-    to ('' for none) and every message the action resolves, this one first (the transaction's other dead-lettered
-    messages follow it)."""
+    """What an action on one chosen dead letter touches, read before it runs (``admin.dead_target``): the whole id on
+    its partition, whether it is still dead-lettered (else resolved before: a repeat changes nothing), the transaction
+    of several it belongs to ('' for none) and every message the action resolves, this one first."""
 
     topic: str
-    transaction_id: str
-    keys: TopicKeys
-    dead: bool
-    parent: str
-    parts: tuple[tuple[TopicKeys, str], ...]
+    dead_target: admin.DeadTarget
+
+    @property
+    def transaction_id(self) -> str:
+        return self.dead_target.transaction_id
+
+    @property
+    def keys(self) -> TopicKeys:
+        return self.dead_target.keys
+
+    @property
+    def dead(self) -> bool:
+        return self.dead_target.dead
+
+    @property
+    def parent(self) -> str:
+        return self.dead_target.parent
+
+    @property
+    def parts(self) -> tuple[tuple[TopicKeys, str], ...]:
+        return self.dead_target.parts
 
     def ids(self) -> str:
         return ", ".join(f"{txid} on {keys.topic_stream}" for keys, txid in self.parts)
@@ -350,19 +365,7 @@ def _targets(client: Any, items: list[tuple[str, str]]) -> tuple[list[Target], l
             )
             continue
         keys = dead[0][0] if dead else known[0]
-        fields: dict[str, bytes] = {}
-        if dead:
-            dead_id = dead[0][1]
-            entry = client.xrange(keys.dead_stream, dead_id, dead_id)
-            fields = entries.field_map(entry[0][1]) if entry else {}
-        # as resolve_dead_transaction reads it: a message resolved before names its transaction by its id
-        parent = entries.text(fields.get(entries.PARENT_TRANSACTION_ID)) or ""
-        if not fields and "." in txid:
-            parent = txid.rpartition(".")[0]
-        parts = [(keys, txid)]
-        if parent:
-            parts += [part for part in admin.dead_messages_of(client, parent) if part != (keys, txid)]
-        found.append(Target(topic, txid, keys, bool(dead), parent, tuple(parts)))
+        found.append(Target(topic, admin.dead_target(client, keys, txid)))
     return found, refused
 
 
@@ -684,7 +687,7 @@ def create_app(
             logger.error("console: %s %s %s refused: no audit record: %s", operator, name, target.ids(), reason)
             return row
         try:
-            _, resolved = admin.resolve_dead_transaction(broker, target.transaction_id, action, target.topic, note)
+            resolved = admin.resolve_dead_target(broker, target.dead_target, action, note)
         except Exception as exc:  # noqa: BLE001 - whatever stopped it, what it did is read back and recorded
             error = _scrubbed(str(exc) or type(exc).__name__, state)
             if not isinstance(exc, (TxMQError, *REDIS_ERRORS)):
