@@ -186,3 +186,27 @@ def stream_batches(reply: Any) -> list[tuple[Any, list[Any]]]:
 def entry_ms(entry_id: Any) -> int:
     """The milliseconds part of a stream entry id (bytes or str; 0 for none): when the entry was added."""
     return int((text(entry_id) or "0").split("-")[0])
+
+
+@dataclass(frozen=True)
+class EndedRecord:
+    """A remembered outcome, as the topic's ``ended`` hash holds it for the dedupe window (written by
+    ``lua/include/outcome_record.lua``: ``<outcome>|<committed id or ->|<half id>|<producer group>``)."""
+
+    outcome: str
+    """``COMMIT`` or ``ROLLBACK``."""
+    committed_id: str | None
+    """The topic stream entry of a commit (None for a rollback)."""
+    half_id: str | None
+    producer_group: str | None
+
+    @property
+    def state(self) -> str:
+        """``COMMITTED`` or ``ROLLED_BACK``."""
+        return "COMMITTED" if self.outcome == "COMMIT" else "ROLLED_BACK"
+
+
+def ended_record(raw: bytes | str) -> EndedRecord:
+    """The ``EndedRecord`` of a value of ``ended`` (fields a record of an older release lacks are None)."""
+    outcome, committed, half_id, group = ((text(raw) or "").split("|", 3) + ["", "", "", ""])[:4]
+    return EndedRecord(outcome, committed if committed not in ("", "-") else None, half_id or None, group or None)

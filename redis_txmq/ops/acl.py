@@ -144,6 +144,7 @@ CONSOLE_COMMANDS = (
     "zcount",
     "zcard",
     "zrange",
+    "zrevrange",
     "zrangebyscore",
     "xlen",
     "xrange",

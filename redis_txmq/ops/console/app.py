@@ -389,9 +389,8 @@ def _states(client: Any, target: Target) -> tuple[list[dict[str, Any]], str | No
         if dead:
             state["state"] = "DEAD_LETTERED"
         elif ended is not None:
-            outcome, committed = ((entries.text(ended) or "").split("|") + ["", ""])[:2]
-            state["state"] = "COMMITTED" if outcome == "COMMIT" else "ROLLED_BACK"
-            state["entry_id"] = committed if committed not in ("", "-") else None
+            record = entries.ended_record(ended)
+            state["state"], state["entry_id"] = record.state, record.committed_id
         elif in_flight:
             state["state"] = "IN_FLIGHT"
         else:

@@ -569,7 +569,7 @@ class ConsoleQueries:
                 counts[version] = counts.get(version, 0) + 1
             layouts[group] = dict(sorted(counts.items()))
         pipe = self.client.pipeline(transaction=False)
-        pipe.zrange(CHECKER_INSTANCES, 0, 99, withscores=True)
+        pipe.zrange(CHECKER_INSTANCES, 0, 99, desc=True, withscores=True)  # the latest beats
         pipe.hgetall(CHECKER_LEVELS)
         beats, levels = pipe.execute()
         level_of = {entries.text(k): entries.text(v) for k, v in levels.items()}
@@ -794,7 +794,7 @@ class ConsoleQueries:
             ids = [transaction_id]
             found = self._locate(transaction_id, report, now_ms)
         if not found:
-            found = self._scan(streams, now_ms, lambda fields: entries.text(fields.get(entries.TRANSACTION_ID)) in ids)
+            found = self._scan(report, now_ms, lambda fields: entries.text(fields.get(entries.TRANSACTION_ID)) in ids)
         if not found and not record:
             raise NotFound(
                 f"transaction {transaction_id}: not in flight, not dead-lettered, not ended within the dedupe window "
@@ -919,12 +919,12 @@ class ConsoleQueries:
                 row["checks"] = int(entries.text(fields.get("check_times")) or row["checks"])
                 row["remark"] = entries.text(fields.get("remark")) or row["remark"]
             else:
-                outcome, committed, half_id, group = (value.split("|") + ["", "", "", ""])[:4]
+                record = entries.ended_record(value)
                 row.update(
-                    state="COMMITTED" if outcome == "COMMIT" else "ROLLED_BACK",
-                    entry_id=committed if committed not in ("", "-") else None,
-                    half_id=half_id or None,
-                    producer_group=group or row["producer_group"],
+                    state=record.state,
+                    entry_id=record.committed_id,
+                    half_id=record.half_id,
+                    producer_group=record.producer_group or row["producer_group"],
                 )
             if row["born_ms"] is None and row["half_id"]:
                 row["born_ms"] = entries.entry_ms(row["half_id"])
@@ -933,11 +933,16 @@ class ConsoleQueries:
         return rows
 
     def _scan(
-        self, streams: list[TopicKeys], now_ms: int, match: Callable[[dict[str, bytes]], bool], topic: str = ""
+        self,
+        report: dict[str, Any],
+        now_ms: int,
+        match: Callable[[dict[str, bytes]], bool],
+        topic: str = "",
     ) -> list[dict[str, Any]]:
-        """The latest ``scan_entries`` entries of each topic stream, half stream and dead-letter stream (of ``topic``,
-        or of at most ``scan_streams`` streams with something in them), the ones ``match`` keeps."""
-        report, _ = self.cache.get()
+        """The latest ``scan_entries`` entries of each topic stream, half stream and dead-letter stream of the status
+        snapshot ``report`` (of ``topic``, or of at most ``scan_streams`` streams with something in them), the ones
+        ``match`` keeps."""
+        streams = [topic_keys_of_stream(t["stream"]) for t in report["topics"]]
         figures = {t["stream"]: t for t in report["topics"]}
         chosen = [k for k in streams if not topic or k.topic == topic]
         if not topic:
@@ -992,7 +997,7 @@ class ConsoleQueries:
         if topic and not any(k.topic == topic for k in streams):
             raise NotFound(f"no registered topic {topic!r}; the topics page lists them")
         rows = self._scan(
-            streams, now_ms, lambda fields: key in (entries.text(fields.get(entries.KEYS)) or "").split(), topic
+            report, now_ms, lambda fields: key in (entries.text(fields.get(entries.KEYS)) or "").split(), topic
         )
         ids = sorted({r["transaction_id"] for r in rows if r["transaction_id"]})
         if ids:
@@ -1172,7 +1177,7 @@ def _detail_entry(keys: TopicKeys, where: str, value: str) -> tuple[str, str]:
         return value, keys.half_stream
     if where == "dead":
         return value, keys.dead_stream
-    committed = (value.split("|") + ["-"])[1]
+    committed = entries.ended_record(value).committed_id or ""
     return (committed, keys.topic_stream) if ENTRY_ID.match(committed) else ("", "")
 
 
