@@ -590,6 +590,14 @@ class DeadTarget:
     def dead(self) -> bool:
         return bool(self.fields)
 
+    @property
+    def topic(self) -> str:
+        return self.keys.topic
+
+    def ids(self) -> str:
+        """Every message it touches, for a confirmation or an audit record."""
+        return ", ".join(f"{txid} on {keys.topic_stream}" for keys, txid in self.parts)
+
 
 def dead_target(client: Any, keys: TopicKeys, transaction_id: str) -> DeadTarget:
     """The ``DeadTarget`` of the whole id ``transaction_id`` on ``keys`` (``find_dead_transaction`` finds them)."""

@@ -44,10 +44,11 @@ from ...core import entries
 from ...core.clients import REDIS_ERRORS, redact_url, scrub, url_secrets
 from ...core.config import Settings
 from ...core.errors import ConfigurationError, TxMQConnectionError, TxMQError
-from ...core.keys import AUDIT_MAXLEN, AUDIT_STREAM, TopicKeys, decision_key
+from ...core.keys import AUDIT_MAXLEN, AUDIT_STREAM, decision_key
 from ...core.protocol import DeadAction, message_index
 from ...sync.broker import RedisBroker
 from .. import admin
+from ..admin import DeadTarget
 from .queries import (
     MAX_PAGE,
     MAX_PAGE_SIZE,
@@ -241,39 +242,6 @@ class ConsoleState:
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
 
-@dataclass(frozen=True)
-class Target:
-    """What an action on one chosen dead letter touches, read before it runs (``admin.dead_target``): the whole id on
-    its partition, whether it is still dead-lettered (else resolved before: a repeat changes nothing), the transaction
-    of several it belongs to ('' for none) and every message the action resolves, this one first."""
-
-    topic: str
-    dead_target: admin.DeadTarget
-
-    @property
-    def transaction_id(self) -> str:
-        return self.dead_target.transaction_id
-
-    @property
-    def keys(self) -> TopicKeys:
-        return self.dead_target.keys
-
-    @property
-    def dead(self) -> bool:
-        return self.dead_target.dead
-
-    @property
-    def parent(self) -> str:
-        return self.dead_target.parent
-
-    @property
-    def parts(self) -> tuple[tuple[TopicKeys, str], ...]:
-        return self.dead_target.parts
-
-    def ids(self) -> str:
-        return ", ".join(f"{txid} on {keys.topic_stream}" for keys, txid in self.parts)
-
-
 class SecurityHeaders:
     """Headers that keep the pages in their own frame and origin (no inline script: htmx and ours are files)."""
 
@@ -340,12 +308,12 @@ def _host_patterns(allowed_hosts: Sequence[str]) -> list[str]:
     return list(dict.fromkeys([*LOCAL_HOSTS, *(host.lower() for host in allowed_hosts)]))
 
 
-def _targets(client: Any, items: list[tuple[str, str]]) -> tuple[list[Target], list[str]]:
-    """What acting on each of ``items`` (topic, whole transaction id) would touch (``Target``), and why an item is
+def _targets(client: Any, items: list[tuple[str, str]]) -> tuple[list[DeadTarget], list[str]]:
+    """What acting on each of ``items`` (topic, whole transaction id) would touch (``DeadTarget``), and why an item is
     refused: an id that is not exactly a dead letter's (nor one resolved before: a repeat), on any partition of its
     topic, is never looked up by prefix, as ``txmq dead`` does for ids typed by hand."""
     registry = admin.registered_topics(client)
-    found: list[Target] = []
+    found: list[DeadTarget] = []
     refused: list[str] = []
     for topic, txid in items:
         partitions = [keys for keys in registry if keys.topic == topic]
@@ -365,11 +333,11 @@ def _targets(client: Any, items: list[tuple[str, str]]) -> tuple[list[Target], l
             )
             continue
         keys = dead[0][0] if dead else known[0]
-        found.append(Target(topic, admin.dead_target(client, keys, txid)))
+        found.append(admin.dead_target(client, keys, txid))
     return found, refused
 
 
-def _states(client: Any, target: Target) -> tuple[list[dict[str, Any]], str | None, set[int]]:
+def _states(client: Any, target: DeadTarget) -> tuple[list[dict[str, Any]], str | None, set[int]]:
     """Where each message of ``target`` is now (``DEAD_LETTERED``, ``COMMITTED`` with its entry id,
     ``ROLLED_BACK``, ``IN_FLIGHT``, or ``UNKNOWN``: in none of the indexes), the decision of its transaction of
     several (None: none, or one message) and the indices of its sends that did not return (rolled back whatever the
@@ -663,7 +631,7 @@ def create_app(
             request, "confirm.html", context(request, page="dead", action=action.value.lower(), targets=targets)
         )
 
-    def act(broker: RedisBroker, operator: str, action: DeadAction, target: Target, note: str) -> dict[str, Any]:
+    def act(broker: RedisBroker, operator: str, action: DeadAction, target: DeadTarget, note: str) -> dict[str, Any]:
         """One chosen dead letter: the audit record of the intent, the action, then its outcome, read back from
         Redis when the action failed (a transaction of several may have been resolved in part)."""
         name = action.value.lower()
@@ -686,7 +654,7 @@ def create_app(
             logger.error("console: %s %s %s refused: no audit record: %s", operator, name, target.ids(), reason)
             return row
         try:
-            resolved = admin.resolve_dead_target(broker, target.dead_target, action, note)
+            resolved = admin.resolve_dead_target(broker, target, action, note)
         except Exception as exc:  # noqa: BLE001 - whatever stopped it, what it did is read back and recorded
             error = _scrubbed(str(exc) or type(exc).__name__, state)
             if not isinstance(exc, (TxMQError, *REDIS_ERRORS)):
@@ -715,7 +683,7 @@ def create_app(
     def _reread(
         row: dict[str, Any],
         action: DeadAction,
-        target: Target,
+        target: DeadTarget,
         before: list[dict[str, Any]],
         decided_before: str | None,
         error: str,
@@ -761,7 +729,7 @@ def create_app(
             "Run the same action again to finish (the decision stands: a repeat resolves what is left)"
         )
 
-    def _audit_intent(operator: str, action: str, target: Target) -> str:
+    def _audit_intent(operator: str, action: str, target: DeadTarget) -> str:
         """The record of what is about to be done (raises when it cannot be written: then nothing is done)."""
         fields = {
             "operator": operator,
