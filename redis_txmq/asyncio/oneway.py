@@ -58,12 +58,14 @@ class AsyncEndFlusher:
         if os.getpid() != self._pid:  # a forked child has the queue but not the worker: its ends would wait forever
             raise forked_error(end)
         async with self._cond:
-            await self._cond.wait_for(lambda: self.pending < self.queue_size or self._closing)
+            if self._submitted - self._completed >= self.queue_size:  # the queue is full: wait for room
+                await self._cond.wait_for(lambda: self.pending < self.queue_size or self._closing)
             if self._closing:
                 raise closing_error(end)
-            self._queue.append(end)
+            queue = self._queue
+            queue.append(end)
             self._submitted += 1
-            if len(self._queue) == 1 or len(self._queue) >= self.batch_size:
+            if len(queue) == 1 or len(queue) >= self.batch_size:
                 self._cond.notify_all()
 
     async def flush(self, timeout: float | None = None) -> bool:
@@ -97,8 +99,12 @@ class AsyncEndFlusher:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not await self._cond.wait(remaining):
                     break
-            count = min(self.batch_size, len(self._queue))
-            return [self._queue.popleft() for _ in range(count)]
+            queue = self._queue
+            if len(queue) <= self.batch_size:  # all of it, as one copy rather than a pop per end
+                batch = list(queue)
+                queue.clear()
+                return batch
+            return [queue.popleft() for _ in range(self.batch_size)]
 
     async def _run(self) -> None:
         while (batch := await self._next_batch()) is not None:

@@ -416,13 +416,4 @@ class TransactionProducer:
 
     async def _apply(self, end: EndCall) -> str | None:
         """The end call; on asyncio it runs to its end even when the send that started it was cancelled."""
-        result = await self.broker.end_transaction(
-            end.keys,
-            end.transaction_id,
-            end.producer_group,
-            end.outcome,
-            source=end.source,
-            remark=end.remark,
-            half_id=end.half_id,
-        )
-        return result.committed_id
+        return (await self.broker.apply_end(end)).committed_id

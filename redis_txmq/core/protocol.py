@@ -319,10 +319,18 @@ def refuse_topic_key(kind: Any, keys: TopicKeys, message: Message, transaction_i
 
 
 def prepare_result(reply: Any, message: Message, transaction_id: str) -> PrepareResult:
+    if type(reply) is list and len(reply) == 5 and reply[0] == b"OK":  # the common case, decoded without a detour
+        half_id, state, third, wake = reply[1], reply[2], reply[3], reply[4]
+        if type(half_id) is bytes and type(state) is bytes and type(wake) is bytes:
+            return PrepareResult(half_id.decode(), state.decode(), third == b"DUPLICATE", wake.decode())
     status, first, second, third, wake = reply_strings(reply, 5)
     if status != "OK":
         raise PrepareError(f"topic {message.topic!r}, transaction {transaction_id}: prepare refused: {first} {second}")
     return PrepareResult(half_id=first, state=second, duplicate=third == "DUPLICATE", wake=wake)
+
+
+_OUTCOME_TEXT = {state: state.value for state in LocalTransactionState}
+_SOURCE_TEXT = {source: source.value for source in EndSource}
 
 
 def end_args(end: EndCall, settings: Settings) -> list[Any]:
@@ -331,8 +339,9 @@ def end_args(end: EndCall, settings: Settings) -> list[Any]:
     return [
         end.transaction_id,
         end.producer_group,
-        LocalTransactionState(end.outcome).value,
-        end.source.value,
+        # a dict lookup per end: an enum's ``.value`` is a descriptor call, the constructor more than that
+        _OUTCOME_TEXT.get(end.outcome) or LocalTransactionState(end.outcome).value,
+        _SOURCE_TEXT.get(end.source) or EndSource(end.source).value,
         remark_text(end.remark) if end.remark else "",
         int(settings.dedupe_window * 1000),
         settings.op_stream_maxlen,

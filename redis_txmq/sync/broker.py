@@ -3,11 +3,12 @@
 """The transaction log on Redis: every state change of a transaction is one call of one Lua script.
 
 Producer, checker and operator commands all end transactions through ``RedisBroker.end_transaction``
-(``lua/end_transaction.lua``), so there is one commit path to read and to trust. This is the I/O shell: what is sent and
-how replies are read lives in ``redis_txmq.core.protocol``. The asyncio broker's module is the source; the sync one's
-(``redis_txmq/sync/broker.py``, used by the checker and the operator commands too) is generated from it by
-``scripts/unasync.py``. The send path's calls go through a script runner of the wire (``direct`` for the sync broker,
-``lane`` for the asyncio one), which writes a durability level's confirmation with them.
+(``lua/end_transaction.lua``; ``apply_end`` is the same call for an ``EndCall`` in hand), so there is one commit path to
+read and to trust. This is the I/O shell: what is sent and how replies are read lives in ``redis_txmq.core.protocol``.
+The asyncio broker's module is the source; the sync one's (``redis_txmq/sync/broker.py``, used by the checker and the
+operator commands too) is generated from it by ``scripts/unasync.py``. The send path's calls go through a script runner
+of the wire (``direct`` for the sync broker, ``lane`` for the asyncio one), which writes a durability level's
+confirmation with them.
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ class RedisBroker:
         """Write the half message (``lua/prepare_half.lua``); safe to retry with the same transaction id."""
         args = protocol.prepare_args(message, transaction_id, producer_group, keys, parent_transaction_id)
         try:
-            self.register_topic(keys, message, transaction_id)
+            if keys.topic_stream not in self._registered:  # once per stream: no call (on asyncio no coroutine) after
+                self.register_topic(keys, message, transaction_id)
             reply = self.runner.run(self._prepare, self._wake_keys(keys), args)
         except DurabilityError as exc:
             # a refusal says more than a shortfall; a prepare that ran is in flight and its topic awake either way
@@ -165,7 +167,8 @@ class RedisBroker:
         except REDIS_ERRORS as exc:
             raise protocol.prepare_call_error(exc, message, transaction_id) from exc
         result = protocol.prepare_result(reply, message, transaction_id)
-        self._wake(keys, result.wake, transaction_id)
+        if result.wake:
+            self._wake(keys, result.wake, transaction_id)
         return result
 
     def _wake_keys(self, keys: TopicKeys) -> list[str]:
@@ -204,17 +207,21 @@ class RedisBroker:
         half_id: str | None = None,
     ) -> EndResult:
         """Apply COMMIT / ROLLBACK (or record the remark of UNKNOWN) in one atomic script call."""
-        end = EndCall(keys, transaction_id, producer_group, outcome, source, remark, half_id)
+        return self.apply_end(EndCall(keys, transaction_id, producer_group, outcome, source, remark, half_id))
+
+    def apply_end(self, end: EndCall) -> EndResult:
+        """``end_transaction`` of an end already made (a producer's send has its ``EndCall`` in hand)."""
+        keys, transaction_id = end.keys, end.transaction_id
         try:
             reply = self.runner.run(self._end, keys.script_keys(), protocol.end_args(end, self.settings))
         except DurabilityError as exc:
             protocol.end_result(exc.replies[0], keys, transaction_id)  # a refusal says more than a shortfall
-            raise protocol.end_not_durable(exc, keys, transaction_id, outcome) from exc
+            raise protocol.end_not_durable(exc, keys, transaction_id, end.outcome) from exc
         except REDIS_ERRORS as exc:
             raise protocol.end_call_error(exc, keys, transaction_id) from exc
         result = protocol.end_result(reply, keys, transaction_id)
         if result.check_request:
-            self.drop_check_requests([(producer_group, result.check_request)])
+            self.drop_check_requests([(end.producer_group, result.check_request)])
         return result
 
     def decide(

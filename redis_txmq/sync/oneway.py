@@ -60,12 +60,14 @@ class EndFlusher:
         if os.getpid() != self._pid:  # a forked child has the queue but not the worker: its ends would wait forever
             raise forked_error(end)
         with self._cond:
-            self._cond.wait_for(lambda: self.pending < self.queue_size or self._closing)
+            if self._submitted - self._completed >= self.queue_size:  # the queue is full: wait for room
+                self._cond.wait_for(lambda: self.pending < self.queue_size or self._closing)
             if self._closing:
                 raise closing_error(end)
-            self._queue.append(end)
+            queue = self._queue
+            queue.append(end)
             self._submitted += 1
-            if len(self._queue) == 1 or len(self._queue) >= self.batch_size:
+            if len(queue) == 1 or len(queue) >= self.batch_size:
                 self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -99,8 +101,12 @@ class EndFlusher:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._cond.wait(remaining):
                     break
-            count = min(self.batch_size, len(self._queue))
-            return [self._queue.popleft() for _ in range(count)]
+            queue = self._queue
+            if len(queue) <= self.batch_size:  # all of it, as one copy rather than a pop per end
+                batch = list(queue)
+                queue.clear()
+                return batch
+            return [queue.popleft() for _ in range(self.batch_size)]
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:

@@ -52,12 +52,13 @@ def hiredis_packer(connection_kwargs: dict[str, Any]) -> Callable[[tuple[Any, ..
 def pack_commands(conn: Any, pack: Callable[[tuple[Any, ...]], bytes] | None, commands: Any) -> bytes:
     """The commands as one write for ``conn``: packed by hiredis (``pack``, from ``hiredis_packer``) or by the
     connection itself."""
+    if pack is not None:
+        if len(commands) == 1:  # a sync send's prepare or end: no list to join
+            return pack(tuple(commands[0]))
+        return b"".join([pack(tuple(command)) for command in commands])
     packed: list[bytes] = []
     for command in commands:
-        if pack is not None:
-            packed.append(pack(tuple(command)))
-        else:
-            packed.extend(conn.pack_command(*command))
+        packed.extend(conn.pack_command(*command))
     return b"".join(packed)
 
 

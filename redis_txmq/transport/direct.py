@@ -127,8 +127,9 @@ class ScriptRunner:
 
     def _run_direct(self, calls: Sequence[ScriptCall], raise_on_error: bool) -> list[Any]:
         """On the runner's own connection: one write, every reply read (``redis_txmq.sync.wire.run_scripts``); the
-        prepares, or ends, of one topic partition as one call of their batch script (``redis_txmq.core.batching``)."""
-        written, spans = coalesce(calls, self._batched)
+        prepares, or ends, of one topic partition as one call of their batch script (``redis_txmq.core.batching``).
+        A single call (every sync send's prepare and end) has nothing to coalesce: it skips the grouping."""
+        written, spans = coalesce(calls, self._batched) if len(calls) > 1 else (calls, None)
         conn = self._acquire()
         healthy = False
         try:
@@ -144,7 +145,8 @@ class ScriptRunner:
             for reply in replies:
                 if isinstance(reply, redis.ResponseError):
                     raise reply
-        self._confirm(replies, confirmation)
+        if self.durability is not None:
+            self._confirm(replies, confirmation)
         return replies
 
     def close(self) -> None:
