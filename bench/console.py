@@ -280,6 +280,7 @@ def open_page_cpu(client: Any, paths: dict[str, str], seconds: float, log: Calla
     for name, path in paths.items():
         with _console(client) as web:
             _until_figures(web, path, time.perf_counter())  # the page is opened: the whole page, then the polls
+            web.app.state.console.queries.cache.wait_read()  # the console's first read, begun at its start, done
             polls: list[float] = []
             process_before = time.process_time()
 
