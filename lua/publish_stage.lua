@@ -43,6 +43,7 @@ if #entries == 0 then
   return {'OK', 0, 0, published(0)}
 end
 
+local type = type
 local function refused(row)
   if type(row) ~= 'table' then
     return 'is not a list'
@@ -51,19 +52,24 @@ local function refused(row)
   if n < 2 or n % 2 ~= 0 then
     return 'is not a list of field names and values in pairs'
   end
-  for k = 1, n do
-    local kind = type(row[k])
+  for k = 1, n, 2 do
+    local name, value = row[k], row[k + 1]
+    local kind = type(name)
     if kind ~= 'string' and kind ~= 'number' then
       return 'has a ' .. kind .. ' at ' .. k .. ' (only strings and numbers can be published)'
     end
-    if k % 2 == 1 and row[k] == '' then
+    if name == '' then
       return 'has an empty field name at ' .. k
+    end
+    kind = type(value)
+    if kind ~= 'string' and kind ~= 'number' then
+      return 'has a ' .. kind .. ' at ' .. (k + 1) .. ' (only strings and numbers can be published)'
     end
   end
   return nil
 end
 
-local rows = {}
+local rows, n_rows = {}, 0
 for i = 1, #entries do
   local id, fields = entries[i][1], entries[i][2]
   if #fields == 2 and fields[1] == 'rows' then
@@ -76,25 +82,28 @@ for i = 1, #entries do
       if why then
         return {'ERR', 'CORRUPT', 'stage entry ' .. id .. ' of ' .. KEYS[1] .. ': row ' .. j .. ' ' .. why}
       end
-      rows[#rows + 1] = packed[j]
+      n_rows = n_rows + 1
+      rows[n_rows] = packed[j]
     end
   else
     local why = refused(fields)
     if why then
       return {'ERR', 'CORRUPT', 'stage entry ' .. id .. ' of ' .. KEYS[1] .. ' ' .. why}
     end
-    rows[#rows + 1] = fields
+    n_rows = n_rows + 1
+    rows[n_rows] = fields
   end
 end
-if #rows > 0 then
+if n_rows > 0 then
   -- the first write of the call: refused (not a stream, out of memory), nothing is written; once it is in, Redis
   -- runs the rest of the script whatever the memory, and the rows checked above are all accepted
   local added = redis.pcall('XADD', KEYS[2], '*', unpack(rows[1]))
   if type(added) == 'table' and added['err'] then
     return {'ERR', 'REFUSED', 'the topic stream ' .. KEYS[2] .. ' refused a row: ' .. tostring(added['err'])}
   end
-  for i = 2, #rows do
-    redis.call('XADD', KEYS[2], '*', unpack(rows[i]))
+  local call, stream = redis.call, KEYS[2]
+  for i = 2, n_rows do
+    call('XADD', stream, '*', unpack(rows[i]))
   end
 end
 local last = entries[#entries][1]
@@ -104,4 +113,4 @@ local left = redis.call('XLEN', KEYS[1])
 if left == 0 then
   redis.call('DEL', KEYS[1])
 end
-return {'OK', #rows, left, published(#rows)}
+return {'OK', n_rows, left, published(n_rows)}

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -335,9 +337,142 @@ def _encoder() -> Any:
     return encode
 
 
+def _values(column: pa.Array | None, count: int) -> list[Any]:
+    """A column's values, or ``count`` Nones for a column the DataFrame does not have."""
+    return [None] * count if column is None else column.to_pylist()
+
+
+def _body_sizes(column: pa.Array, bodies: list[Any]) -> list[Any]:
+    """The bytes of each body (UTF-8 for a string; a string is packed as it is: MessagePack without the bin type
+    writes str and bytes alike), 0 for a missing one."""
+    if _textual(column):
+        return pc.binary_length(column).fill_null(0).to_pylist()
+    return [0 if body is None else len(body.encode() if isinstance(body, str) else body) for body in bodies]
+
+
+def _property_texts(column: pa.Array | None, count: int, encode: Any) -> list[str | None]:
+    """Each row's properties as JSON (``_encoder``), None for a missing or empty map. An Arrow map column is grouped
+    by an unambiguous spelling of each row's pairs (every key and value prefixed with its length in bytes), and one
+    row of each group is read and encoded: building a Python list of pairs per row cost a task more than the rest of
+    the row."""
+    if column is None:
+        return [None] * count
+    if not isinstance(column, pa.MapArray) or count == 0 or not (_textual(column.keys) and _textual(column.items)):
+        return [encode(properties) if properties else None for properties in column.to_pylist()]
+    offsets = column.offsets
+    first, last = offsets[0].as_py(), offsets[-1].as_py()
+    pairs = pc.binary_join_element_wise(
+        _spelt(column.keys.slice(first, last - first)), _spelt(column.items.slice(first, last - first)), ":"
+    )
+    listed = pa.ListArray.from_arrays(pc.subtract(offsets, first), pairs, mask=column.is_null())
+    groups = pc.binary_join(listed, ";").dictionary_encode()
+    codes = groups.indices.fill_null(-1).to_pylist()
+    firsts: dict[int, int] = {}
+    for row, code in enumerate(codes):
+        if code >= 0 and code not in firsts:
+            firsts[code] = row
+            if len(firsts) == len(groups.dictionary):
+                break
+    texts: list[str | None] = [None] * (len(groups.dictionary) + 1)  # the last one for code -1: a null map
+    read = column.take(pa.array([firsts[code] for code in range(len(groups.dictionary))], type=pa.int64()))
+    for code, properties in enumerate(read.to_pylist()):
+        texts[code] = encode(properties) if properties else None
+    return [texts[code] for code in codes]
+
+
+def _textual(values: pa.Array) -> bool:
+    """Whether ``values`` are strings or bytes, which Arrow's binary functions take."""
+    kind = values.type
+    types = pa.types
+    return types.is_string(kind) or types.is_binary(kind) or types.is_large_string(kind) or types.is_large_binary(kind)
+
+
+def _spelt(values: pa.Array) -> pa.Array:
+    """``<length in bytes>:<value>``, or ``:`` for null: no two lists of these joined alike spell different lists."""
+    lengths = pc.cast(pc.binary_length(values), pa.string())
+    return pc.binary_join_element_wise(lengths, values, ":", null_handling="replace", null_replacement="")
+
+
+def _one_stream(options: WriteOptions, columns: dict[str, pa.Array], count: int, router: _Router) -> str | None:
+    """The topic stream of every row of a batch when they all go to one without routing (no topic column values,
+    the topic of one partition), else None."""
+    topics = columns.get("topic")
+    if count == 0 or options.topic is None or (topics is not None and topics.null_count != count):
+        return None
+    streams = router.streams(options.topic)
+    return streams[0] if len(streams) == 1 else None
+
+
+def _raw_header(size: int) -> bytes:
+    """MessagePack's header of a raw string of ``size`` bytes, as msgpack writes it without the bin type."""
+    if size < 32:
+        return bytes([0xA0 | size])
+    if size < 1 << 16:
+        return b"\xda" + size.to_bytes(2, "big")
+    return b"\xdb" + size.to_bytes(4, "big")
+
+
+def _array_header(size: int) -> bytes:
+    """MessagePack's header of an array of ``size`` elements."""
+    return bytes([0x90 | size]) if size < 16 else b"\xdc" + size.to_bytes(2, "big")
+
+
+_RAW_HEADERS: list[pa.Array] = [pa.array([], pa.binary())]
+"""The raw string headers of the sizes up to the largest seen in this process, as an Arrow array indexed by size."""
+_FIELD_NAMES = {
+    name: _raw_header(len(name)) + name.encode() for name in ("transaction_id", "body", "keys", "tags", "properties")
+}
+
+
+def _packed_rows(prefix: str, first: int, columns: dict[str, pa.Array], properties: list[str | None]) -> Any:
+    """The rows of a batch, each as the bytes ``msgpack.packb(row, use_bin_type=False)`` gives for the row that
+    ``write_rows`` builds one by one (transaction_id, body, then keys, tags and properties when not empty), made by
+    Arrow's kernels: a Python list per row cost a task more than its Redis writes. None when the batch needs the row
+    by row path (a missing body, one that may close an entry early or is over the limit, a value of 64 KiB or more, a
+    column of another type), which checks and refuses what it must."""
+    body = columns["body"]
+    if not _textual(body) or body.null_count or not len(body):
+        return None
+    if pc.max(pc.binary_length(body)).as_py() * ROWS_PER_STAGE_ENTRY >= STAGE_ENTRY_BYTES:
+        return None  # an entry may close early (or a body is over the limit): row by row
+    numbers = pc.cast(pa.array(np.arange(first, first + len(body), dtype=np.int64)), pa.string())
+    optional = [(name, columns.get(name)) for name in ("keys", "tags")]
+    optional.append(("properties", None if columns.get("properties") is None else pa.array(properties, pa.string())))
+    parts = [
+        _packed_field("transaction_id", pc.binary_join_element_wise(prefix, numbers, "")),
+        _packed_field("body", body),
+    ]
+    fields = pa.array(np.full(len(body), 4, dtype=np.int64))
+    for name, values in optional:
+        if values is None:
+            continue
+        if not _textual(values):
+            return None
+        lengths = pc.binary_length(values)
+        if (pc.max(lengths).as_py() or 0) >= 1 << 16:
+            return None
+        present = pc.fill_null(pc.greater(lengths, 0), False)
+        parts.append(pc.if_else(present, _packed_field(name, values), b""))
+        fields = pc.add(fields, pc.multiply(pc.cast(present, pa.int64()), 2))
+    heads = pc.take(pa.array([_array_header(size) for size in range(16)], pa.binary()), fields)
+    return pc.binary_join_element_wise(heads, *parts, b"").to_pylist()
+
+
+def _packed_field(name: str, values: pa.Array) -> pa.Array:
+    """``name`` and each of ``values`` packed as raw strings (null where a value is null); values under 64 KiB."""
+    values = pc.cast(values, pa.binary())
+    sizes = pc.fill_null(pc.binary_length(values), 0)
+    largest = pc.max(sizes).as_py() or 0
+    if largest >= len(_RAW_HEADERS[0]):
+        _RAW_HEADERS[0] = pa.array([_raw_header(size) for size in range(max(largest + 1, 256))], pa.binary())
+    heads = pc.take(_RAW_HEADERS[0], sizes)
+    return pc.binary_join_element_wise(_FIELD_NAMES[name], heads, values, b"")
+
+
 class _StageEntries:
     """Rows gathered per stage and packed into stage entries (``ROWS_PER_STAGE_ENTRY`` rows, or fewer once
-    their bodies reach ``STAGE_ENTRY_BYTES``), queued on the sender, each with its counted id (``stage_entry_id``: entry
+    their bodies reach ``STAGE_ENTRY_BYTES``), or entries packed by the caller (``queue``: a batch's rows packed by
+    Arrow, its last entry maybe shorter), queued on the sender, each with its counted id (``stage_entry_id``: entry
     number, rows so far)."""
 
     def __init__(self, sender: _Sender) -> None:
@@ -347,7 +482,8 @@ class _StageEntries:
         self._written: dict[str, tuple[int, int]] = {}
         """Stage -> (entries, rows) queued so far."""
 
-    def add(self, stage: str, row: list[Any], size: int) -> None:
+    def add(self, stage: str, row: list[Any], size: int) -> bool:
+        """Gather ``row`` (``size`` bytes of body); True when this closed an entry (queued on the sender)."""
         rows = self._rows.get(stage)
         if rows is None:
             rows = self._rows[stage] = []
@@ -356,17 +492,29 @@ class _StageEntries:
         size = self._bytes[stage] = self._bytes[stage] + size
         if len(rows) >= ROWS_PER_STAGE_ENTRY or size >= STAGE_ENTRY_BYTES:
             self.pack(stage)
+            return True
+        return False
+
+    def staged(self, stage: str) -> int:
+        """Rows gathered for ``stage`` so far (queued or not)."""
+        return self._written.get(stage, (0, 0))[1] + len(self._rows.get(stage, ()))
 
     def pack(self, stage: str) -> None:
         rows = self._rows.pop(stage, None)
         self._bytes.pop(stage, None)
         if rows:
-            entry = msgpack.packb(rows, use_bin_type=False)  # Redis' cmsgpack reads str and raw, not bin
-            entries, staged = self._written.get(stage, (0, 0))
-            entries, staged = entries + 1, staged + len(rows)
-            self._written[stage] = (entries, staged)
-            entry_id = stage_entry_id(entries, staged)
-            self.sender.add(["XADD", stage, "NOMKSTREAM", entry_id, STAGE_ROWS_FIELD, entry], len(rows))
+            self.queue(stage, msgpack.packb(rows, use_bin_type=False), len(rows))  # cmsgpack reads str/raw, not bin
+
+    def queue(self, stage: str, entry: bytes, rows: int) -> None:
+        """Queue ``entry`` (packed, ``rows`` rows) with its counted id."""
+        entries, staged = self._written.get(stage, (0, 0))
+        entries, staged = entries + 1, staged + rows
+        self._written[stage] = (entries, staged)
+        self.sender.add(["XADD", stage, "NOMKSTREAM", stage_entry_id(entries, staged), STAGE_ROWS_FIELD, entry], rows)
+
+    def gathering(self, stage: str) -> bool:
+        """Whether rows of ``stage`` wait for their entry."""
+        return bool(self._rows.get(stage))
 
     def pack_all(self) -> None:
         for stage in list(self._rows):
@@ -391,8 +539,6 @@ def write_rows(
     """Topic of one partition -> its stage: such a row needs no routing."""
     encode = _encoder()
     rows = 0
-    counts: dict[str, int] = {}
-    """Stage -> rows this attempt put in it."""
     sender = _Sender(client, options.settings.durability_level(), keys.job_id)
     entries = _StageEntries(sender)
     prefix = f"{keys.job_id}.{partition}."
@@ -401,21 +547,39 @@ def write_rows(
             return StagedRows([], 0, query_id=query_id)
         keeper.start()  # the job stays its driver's while this attempt runs, however long
         for batch in batches:
-            columns = {name.lower(): batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
-            bodies = columns["body"]
-            keys_of = columns.get("keys") or [None] * len(bodies)
-            tags_of = columns.get("tags") or [None] * len(bodies)
-            properties_of = columns.get("properties") or [None] * len(bodies)
-            topics_of = columns.get("topic") or [None] * len(bodies)
-            rows_of = zip(bodies, keys_of, tags_of, properties_of, topics_of, strict=True)
-            for body, row_keys, tags, properties, topic in rows_of:
+            columns = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+            count = batch.num_rows
+            properties_of = _property_texts(columns.get("properties"), count, encode)
+            stage, stream = None, _one_stream(options, columns, count, router)
+            if stream is not None:
+                stage = stages.get(stream)
+                if stage is None:
+                    stage = job.stage(stream, attempt)
+                    if stage is None:  # the job is decided without this attempt: nothing it writes is needed
+                        return StagedRows([], 0, query_id=query_id)
+                    stages[stream] = stage
+            if stage is not None and not entries.gathering(stage):
+                packed = _packed_rows(prefix, rows, columns, properties_of)
+                if packed is not None:
+                    for start in range(0, count, ROWS_PER_STAGE_ENTRY):
+                        group = packed[start : start + ROWS_PER_STAGE_ENTRY]
+                        entries.queue(stage, _array_header(len(group)) + b"".join(group), len(group))
+                        if sender.rows >= options.write_batch_size:
+                            sender.flush()
+                    rows += count
+                    continue
+            bodies = columns["body"].to_pylist()
+            sizes = _body_sizes(columns["body"], bodies)
+            keys_of = _values(columns.get("keys"), count)
+            tags_of = _values(columns.get("tags"), count)
+            topics_of = _values(columns.get("topic"), count)
+            rows_of = zip(bodies, sizes, keys_of, tags_of, properties_of, topics_of, strict=True)
+            for body, size, row_keys, tags, properties, topic in rows_of:
                 topic = topic or options.topic
                 if body is None or topic is None:
                     raise SparkSourceError(f"write job {keys.job_id}: a row without a body or a topic")
-                if isinstance(body, str):
-                    body = body.encode()
-                if len(body) > DEFAULT_MAX_MESSAGE_SIZE:
-                    raise SparkSourceError(f"topic {topic!r}: a body of {len(body)} bytes is over 4 MiB")
+                if size > DEFAULT_MAX_MESSAGE_SIZE:
+                    raise SparkSourceError(f"topic {topic!r}: a body of {size} bytes is over 4 MiB")
                 stage = only_stage.get(topic)
                 if stage is None:
                     stream = router.stream(topic, row_keys)
@@ -433,11 +597,9 @@ def write_rows(
                 if tags:
                     row += ["tags", tags]
                 if properties:
-                    row += ["properties", encode(properties)]
-                entries.add(stage, row, len(body))
-                counts[stage] = counts.get(stage, 0) + 1
+                    row += ["properties", properties]
                 rows += 1
-                if sender.rows >= options.write_batch_size:
+                if entries.add(stage, row, size) and sender.rows >= options.write_batch_size:
                     sender.flush()
         entries.pack_all()
         sender.flush()
@@ -446,7 +608,7 @@ def write_rows(
         sender.close()
         job.close()
         client.close()
-    counted = {stage: counts.get(stage, 0) for stage in stages.values()}
+    counted = {stage: entries.staged(stage) for stage in stages.values()}
     return StagedRows(sorted(stages.values()), rows, counted, query_id)
 
 
