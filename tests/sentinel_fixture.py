@@ -92,7 +92,7 @@ class SentinelGroup:
         if self.data_password:
             args += ["--requirepass", self.data_password, "--masterauth", self.data_password]
         self.servers[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_ping(self._server_url(port))
+        wait_for_ping(self._server_url(port), process=self.servers[port])
         return port
 
     def _start_sentinel(self, port: int, master: int) -> None:
@@ -118,7 +118,7 @@ class SentinelGroup:
         self.sentinels[port] = subprocess.Popen(
             [self.binary, str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        wait_for_ping(self._url(port, self.sentinel_password))
+        wait_for_ping(self._url(port, self.sentinel_password), process=self.sentinels[port])
 
     @staticmethod
     def _auth(password: str | None) -> str:

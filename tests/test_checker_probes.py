@@ -50,7 +50,7 @@ class OwnRedis:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         args += ["--dir", str(self.dir)]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_ping(self.url)
+        wait_for_ping(self.url, process=self.process)
 
     def stop(self) -> None:
         if self.process is not None:

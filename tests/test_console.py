@@ -352,7 +352,7 @@ def test_the_console_works_under_the_console_acl_user(real_client: redis.Redis, 
 def start_server(binary: str, port: int) -> subprocess.Popen[bytes]:
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_ping(f"redis://127.0.0.1:{port}/0")
+    wait_for_ping(f"redis://127.0.0.1:{port}/0", process=process)
     return process
 
 

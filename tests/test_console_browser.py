@@ -396,7 +396,7 @@ def _redis_server(binary: str, port: int, folder: Path) -> subprocess.Popen[byte
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     args += ["--dir", str(folder), "--dbfilename", "dump.rdb"]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_ping(f"redis://127.0.0.1:{port}/0")
+    wait_for_ping(f"redis://127.0.0.1:{port}/0", process=process)
     return process
 
 

@@ -453,7 +453,7 @@ class RestartableRedis:
         self.process = subprocess.Popen(
             [self.binary, *args, "--dir", self.workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        wait_for_ping(self.url)
+        wait_for_ping(self.url, process=self.process)
 
     def stop(self) -> None:
         if self.process is not None:

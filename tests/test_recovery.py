@@ -98,7 +98,7 @@ def test_checker_started_before_redis_waits_for_it():
         )
         try:
             url = f"redis://127.0.0.1:{port}/0"
-            wait_for_ping(url)
+            wait_for_ping(url, process=server)
             direct = redis.Redis.from_url(url)
             wait_until(lambda: direct.zcard(CHECKER_INSTANCES) == 1, timeout=40)
             direct.close()

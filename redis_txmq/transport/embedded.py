@@ -32,16 +32,25 @@ QUICK_REPLICA_SYNC = ("--repl-diskless-sync-delay", "0")
 """A replica attached to a throwaway server syncs at once (the default waits 5 s for more replicas to join)."""
 
 
-def wait_for_ping(url: str, deadline_seconds: float = 10.0) -> None:
-    """Return once the server at ``url`` answers PING; raise [`TxMQError`][redis_txmq.core.errors.TxMQError] at the
-    deadline."""
+def wait_for_ping(url: str, deadline_seconds: float = 10.0, process: subprocess.Popen[bytes] | None = None) -> None:
+    """Return once the server at ``url`` answers PING — with ``process``, once that process answers: a server
+    another process started on the port meanwhile (chosen free, then taken before ours could listen) is not ours,
+    and must never be handed out (a test would flush its data); raise
+    [`TxMQError`][redis_txmq.core.errors.TxMQError] at the deadline, or as soon as ``process`` has exited."""
     deadline = time.monotonic() + deadline_seconds
     last: Exception | None = None
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise TxMQError(f"the server for {url} exited ({process.returncode}): its port was taken, say")
         client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
         try:
             if client.ping():
-                return
+                if process is None:
+                    return
+                answering = int(client.info("server").get("process_id") or 0)
+                if answering == process.pid:
+                    return
+                last = TxMQError(f"another server (pid {answering}) answers on {url}")
         except redis.RedisError as exc:
             last = exc
         finally:
@@ -122,7 +131,7 @@ class EmbeddedRedis:
             )
             self.url = f"redis://127.0.0.1:{self.port}/0"
             try:
-                wait_for_ping(self.url)
+                wait_for_ping(self.url, process=self._process)
             except TxMQError:
                 self._process.kill()
                 self._process.wait()
@@ -239,7 +248,7 @@ class LocalCluster:
         if self.node_timeout_ms is not None:
             args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
         self.processes[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_ping(f"redis://127.0.0.1:{port}/0")
+        wait_for_ping(f"redis://127.0.0.1:{port}/0", process=self.processes[port])
 
     def kill(self, port: int) -> None:
         """SIGKILL the node on ``port``: a crash, with whatever it had not replicated yet."""

@@ -50,7 +50,8 @@ class RedisServer:
             *self.extra_args,
         ]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_ping(self.url, deadline_seconds=30)  # PING answers LOADING until the append-only file is read
+        # PING answers LOADING until the append-only file is read
+        wait_for_ping(self.url, deadline_seconds=30, process=self._process)
         return self
 
     def kill(self) -> None:
