@@ -256,7 +256,8 @@ class StatusCache:
     streams or more, a read that a page must wait for (none yet, or the first after an action) is made in that
     thread too, and the page waits for it at most ``page_wait_seconds``, then gets ``StatusPending``. A background
     read that fails is raised to the next caller, and the snapshot is dropped: the pages show the error, then read
-    anew."""
+    anew. ``after_read(report, server ms)`` runs in the read, before its snapshot is served: what follows each read
+    (the rates' sample) is then never made in a page's request."""
 
     SLOW_READ_SECONDS = 0.1
 
@@ -269,8 +270,10 @@ class StatusCache:
         *,
         aside_from_streams: int = 1000,
         page_wait_seconds: float = math.inf,
+        after_read: Callable[[dict[str, Any], int], None] | None = None,
     ) -> None:
         self.client = client
+        self.after_read = after_read
         self.live_seconds = live_seconds
         self.refresh_seconds = refresh_seconds
         self.streams_per_second = streams_per_second
@@ -359,6 +362,8 @@ class StatusCache:
         started = time.monotonic()
         now_ms = server_ms(self.client)
         report = admin.status(self.client, live_seconds=self.live_seconds)
+        if self.after_read is not None:
+            self.after_read(report, now_ms)
         return report, now_ms, time.monotonic() - started, started
 
     def _store(self, report: dict[str, Any], now_ms: int, took: float, started: float) -> None:
@@ -398,8 +403,8 @@ class RateSampler:
     Commits and rollbacks are counted from the op records (``txmq:{S}:op``: one per ended transaction, its id the
     server time it ended), dead letters from the dead-letter streams' ids, each stream read from where the last sample
     stopped (the first sample goes back one window: the charts are full from the first view). Check-backs are the
-    growth of each producer group's check-request stream's ``entries-added`` between samples. Sampled when a page asks,
-    at most once per bucket."""
+    growth of each producer group's check-request stream's ``entries-added`` between samples. Sampled with each read of
+    the status snapshot (``StatusCache.after_read``), at most once per half bucket."""
 
     SERIES = ("committed", "rolled_back", "check_backs", "dead_lettered")
     READ_LIMIT = 10_000
@@ -517,6 +522,7 @@ class ConsoleQueries:
             options.streams_per_second,
             aside_from_streams=options.aside_from_streams,
             page_wait_seconds=options.page_wait_seconds,
+            after_read=self._sample_rates,
         )
         self.rates = RateSampler(client, options.rates_window_seconds, options.rates_bucket_seconds)
         self._found_in: OrderedDict[str, list[TopicKeys]] = OrderedDict()
@@ -528,9 +534,7 @@ class ConsoleQueries:
         """``admin.status``'s report unchanged, with what the overview adds beside it: totals, the producer groups'
         layout versions, the checker instances, what needs a person now and the rates."""
         report, now_ms = self.cache.get()
-        streams = [topic_keys_of_stream(t["stream"]) for t in report["topics"]]
         groups = [g["producer_group"] for g in report["producer_groups"]]
-        self.rates.sample(streams, groups, now_ms)
         live_from = now_ms - int(self.live_seconds * 1000)
         layouts, instances = self._instances(groups, live_from, now_ms)
         result = dict(report)
@@ -547,6 +551,11 @@ class ConsoleQueries:
         result["attention"] = self._attention(report, now_ms)
         result["rates"] = self.rates.series(now_ms)
         return result
+
+    def _sample_rates(self, report: dict[str, Any], now_ms: int) -> None:
+        """The rates' sample of each status read (``StatusCache.after_read``), made in the read."""
+        streams = [topic_keys_of_stream(t["stream"]) for t in report["topics"]]
+        self.rates.sample(streams, [g["producer_group"] for g in report["producer_groups"]], now_ms)
 
     def _instances(
         self, groups: list[str], live_from: int, now_ms: int
