@@ -40,3 +40,32 @@ def test_an_invalid_url_is_refused_without_its_password():
 )
 def test_urls_are_shown_without_their_password(url, shown):
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("url", "password"),
+    [
+        ("redis://:ab/cdSecret==@host:6379/0", "ab/cdSecret=="),  # typed unencoded, with a "/": a bad port
+        ("redis://:ab?cdSecret@host:6379/0", "ab?cdSecret"),
+        ("redis://:p@ssw0rdSecret@host:notaport/0", "p@ssw0rdSecret"),
+        ("redis://user:pa:ss/Secret@host:6379/0?db=1", "pa:ss/Secret"),
+        ("redis://:s3cret-pw@host:abc/0?password=s3cret-pw", "s3cret-pw"),
+    ],
+)
+def test_a_url_redis_py_refuses_never_shows_its_password(url, password):
+    from redis_txmq.core.clients import scrub, url_secrets
+
+    assert password not in redact_url(url)
+    text = scrub(f"invalid Redis URL {url!r}: Port could not be cast; the password was {password}", url_secrets(url))
+    assert password not in text and "invalid Redis URL" in text
+
+
+@pytest.mark.parametrize("command", [["status"], ["dead", "list"]], ids=["status", "dead list"])
+def test_the_cli_never_prints_the_password_of_a_url_it_refuses(command):
+    from click.testing import CliRunner
+
+    from redis_txmq.cli import main
+
+    for url in ("redis://:ab/cdSecret==@127.0.0.1:6379/0", "redis://:ab?cdSecret@127.0.0.1:6379/0"):
+        result = CliRunner().invoke(main, [*command, "--redis-url", url])
+        assert result.exit_code != 0 and "cdSecret" not in result.output, result.output

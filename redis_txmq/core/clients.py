@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import socket
 import uuid
 from collections.abc import Iterator, Sequence
@@ -107,8 +106,7 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
         password, port = parts.password, parts.port
     except ValueError:  # a bad port, say: still shown, for the operator to see what is wrong, without the password
-        head, question, query = url.partition("?")
-        return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", head) + question + _redact_query(query)
+        return _redact_unparsed(url)
     query = _redact_query(parts.query)
     if password is None:
         return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
@@ -118,6 +116,19 @@ def redact_url(url: str) -> str:
         host = f"{host}:{port}"
     netloc = f"{user}:***@{host}" if user else f":***@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_unparsed(url: str) -> str:
+    """A URL ``urlsplit`` refuses, without what may be a password: a password typed unencoded may hold ``/``, ``?``
+    or ``@``, so everything between the user name and the last ``@`` goes (more than the password, rather than
+    less), and the query's password arguments."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, after = rest.rpartition("@")
+    if at:
+        user = userinfo.split(":", 1)[0] if ":" in userinfo else userinfo
+        rest = f"{user}:***@{after}" if ":" in userinfo else f"{user}@{after}"
+    head, question, query = rest.partition("?")
+    return f"{scheme}{sep}{head}{question}{_redact_query(query)}"
 
 
 SECRET_QUERY_NAMES = frozenset({"password", "sentinel_password"})
@@ -148,10 +159,13 @@ def url_secrets(*urls: str | None) -> tuple[str, ...]:
         if not url:
             continue
         found.append(url)
-        scheme_rest = url.partition("://")[2]
-        netloc = scheme_rest.partition("/")[0].partition("?")[0]
-        userinfo, at, _ = netloc.rpartition("@")
-        passwords = [userinfo.partition(":")[2]] if at else []
+        rest = url.partition("://")[2]
+        passwords = []
+        # the user info ends at the first "@" of a URL that parses, at the last of one typed with "/", "?" or "@" in
+        # its password: both are taken (a longer one starred out hides the shorter inside it too)
+        for userinfo in (rest.partition("/")[0].partition("?")[0].rpartition("@")[0], rest.rpartition("@")[0]):
+            if userinfo:
+                passwords.append(userinfo.partition(":")[2])
         for argument in url.partition("?")[2].split("&"):
             name, _, value = argument.partition("=")
             if unquote_plus(name).strip().lower() in SECRET_QUERY_NAMES:
@@ -165,9 +179,13 @@ def url_secrets(*urls: str | None) -> tuple[str, ...]:
 def scrub(text: str, secrets: Sequence[str]) -> str:
     """``text`` on one line with each of ``secrets`` (``url_secrets``) replaced: a URL by ``redact_url``'s form of
     it, a password by ``***``."""
+    passwords = [secret for secret in secrets if "://" not in secret]
     for secret in secrets:
         if secret in text:
-            text = text.replace(secret, redact_url(secret) if "://" in secret else "***")
+            shown = redact_url(secret) if "://" in secret else "***"
+            if any(password in shown for password in passwords):  # a URL too odd for redact_url to find its password
+                shown = "***"
+            text = text.replace(secret, shown)
     return " ".join(text.split())
 
 
