@@ -357,7 +357,8 @@ def _property_texts(column: pa.Array | None, count: int, encode: Any) -> list[st
     the row."""
     if column is None:
         return [None] * count
-    if not isinstance(column, pa.MapArray) or count == 0 or not (_textual(column.keys) and _textual(column.items)):
+    plain = isinstance(column, pa.MapArray) and pa.types.is_string(column.keys.type)
+    if not plain or count == 0 or not pa.types.is_string(column.items.type):  # large_string, binary: row by row
         return [encode(properties) if properties else None for properties in column.to_pylist()]
     offsets = column.offsets
     first, last = offsets[0].as_py(), offsets[-1].as_py()

@@ -727,3 +727,23 @@ def test_a_message_ended_by_someone_else_meanwhile_is_not_counted_as_the_failed_
     assert 'data-transaction="tx-dead" data-state="COMMITTED" data-applied="0"' in refused.text
     outcome = audit_records(real_client)[-1]
     assert (outcome["outcome"], outcome["applied"]) == ("refused", "")
+
+
+def test_a_topic_whose_partition_count_was_lost_still_shows_its_partitions(real_client: redis.Redis) -> None:
+    """The topic's page reads its partitions from the topic's record and asks the registry which are listed; with
+    the record gone (Redis lost it: ``topics.restore_partitions_call``'s case) the registry alone tells them."""
+    from redis_txmq.core.keys import topic_meta_key
+    from redis_txmq.core.topics import create_topic, partition_keys_of
+
+    create_topic(real_client, "invoices", 3)
+    broker = RedisBroker(real_client, SETTINGS)
+    broker.load_scripts()
+    for keys in partition_keys_of("invoices", 3):
+        broker.prepare_half(keys, Message("invoices", b"{}"), f"tx-{keys.partition}", GROUP)
+    web = console(real_client)
+    shown = web.get("/api/topics/invoices").json()
+    assert [p["partition"] for p in shown["partitions"]] == [0, 1, 2]
+    real_client.delete(topic_meta_key("invoices"))
+    lost = web.get("/api/topics/invoices")
+    assert lost.status_code == 200, lost.text
+    assert [(p["partition"], p["in_flight"]) for p in lost.json()["partitions"]] == [(0, 1), (1, 1), (2, 1)]

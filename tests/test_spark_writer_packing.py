@@ -95,3 +95,20 @@ def test_rows_the_fast_path_cannot_pack_exactly_go_row_by_row() -> None:
     long_key = {"body": pa.array([b"a"]), "keys": pa.array(["k" * 70_000])}
     assert writer._packed_rows(PREFIX, 0, long_key, [None]) is None
     assert writer._packed_rows(PREFIX, 0, {"body": pa.array([b"a"]), "keys": pa.array([[1]])}, [None]) is None
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pa.map_(pa.large_string(), pa.large_string()),  # spark.sql.execution.arrow.useLargeVarTypes
+        pa.map_(pa.string(), pa.large_string()),
+        pa.map_(pa.string(), pa.string()),
+    ],
+    ids=str,
+)
+def test_properties_of_every_string_type_are_each_rows_json(kind: Any) -> None:
+    maps = [[("a", "1")], None, [], [("b", None), ("a", "x")], [("a", "1")]] * 30
+    column = pa.array(maps, kind).slice(3, 120)
+    per_row = writer._encoder()
+    expected = [per_row(m) if m else None for m in column.to_pylist()]
+    assert writer._property_texts(column, len(column), writer._encoder()) == expected

@@ -698,6 +698,8 @@ class ConsoleQueries:
         every = partition_keys(self.client, topic)
         registered = self.client.smismember(TOPIC_REGISTRY, [k.topic_stream for k in every])
         streams = [keys for keys, known in zip(every, registered, strict=True) if int(known)]
+        if not streams:  # its partition count lost (the case of topics.restore_partitions_call): the registry knows
+            streams = admin.registered_topics(self.client, topic)
         if not streams:
             raise NotFound(f"no registered topic {topic!r}; the topics page lists them")
         partitions = [
