@@ -543,6 +543,17 @@ def write_rows(
     sender = _Sender(client, options.settings.durability_level(), keys.job_id)
     entries = _StageEntries(sender)
     prefix = f"{keys.job_id}.{partition}."
+
+    def stage_of(stream: str) -> str | None:
+        """This attempt's stage for ``stream``, listed in the job and opened on first use (``WriteJob.stage``); None
+        once the job is decided without this attempt."""
+        stage = stages.get(stream)
+        if stage is None:
+            stage = job.stage(stream, attempt)
+            if stage is not None:
+                stages[stream] = stage
+        return stage
+
     try:
         if job.lease() is None:  # decided already (a replayed micro-batch, a late attempt): nothing to write
             return StagedRows([], 0, query_id=query_id)
@@ -553,12 +564,9 @@ def write_rows(
             properties_of = _property_texts(columns.get("properties"), count, encode)
             stage, stream = None, _one_stream(options, columns, count, router)
             if stream is not None:
-                stage = stages.get(stream)
-                if stage is None:
-                    stage = job.stage(stream, attempt)
-                    if stage is None:  # the job is decided without this attempt: nothing it writes is needed
-                        return StagedRows([], 0, query_id=query_id)
-                    stages[stream] = stage
+                stage = stage_of(stream)
+                if stage is None:  # the job is decided without this attempt: nothing it writes is needed
+                    return StagedRows([], 0, query_id=query_id)
             if stage is not None and not entries.gathering(stage):
                 packed = _packed_rows(prefix, rows, columns, properties_of)
                 if packed is not None:
@@ -583,13 +591,9 @@ def write_rows(
                     raise SparkSourceError(f"topic {topic!r}: a body of {size} bytes is over 4 MiB")
                 stage = only_stage.get(topic)
                 if stage is None:
-                    stream = router.stream(topic, row_keys)
-                    stage = stages.get(stream)
-                    if stage is None:
-                        stage = job.stage(stream, attempt)
-                        if stage is None:  # the job is decided without this attempt: nothing it writes is needed
-                            return StagedRows([], 0, query_id=query_id)
-                        stages[stream] = stage
+                    stage = stage_of(router.stream(topic, row_keys))
+                    if stage is None:  # the job is decided without this attempt: nothing it writes is needed
+                        return StagedRows([], 0, query_id=query_id)
                     if len(router.streams(topic)) == 1:
                         only_stage[topic] = stage
                 row = ["transaction_id", prefix + str(rows), "body", body]
