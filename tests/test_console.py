@@ -735,15 +735,16 @@ def test_a_topic_whose_partition_count_was_lost_still_shows_its_partitions(real_
     from redis_txmq.core.keys import topic_meta_key
     from redis_txmq.core.topics import create_topic, partition_keys_of
 
-    create_topic(real_client, "invoices", 3)
+    create_topic(real_client, "invoices", 12)  # more than ten: the partitions in number order, not as text
     broker = RedisBroker(real_client, SETTINGS)
     broker.load_scripts()
-    for keys in partition_keys_of("invoices", 3):
+    for keys in partition_keys_of("invoices", 12)[:3]:
         broker.prepare_half(keys, Message("invoices", b"{}"), f"tx-{keys.partition}", GROUP)
     web = console(real_client)
     shown = web.get("/api/topics/invoices").json()
-    assert [p["partition"] for p in shown["partitions"]] == [0, 1, 2]
+    assert [p["partition"] for p in shown["partitions"]] == list(range(12))
     real_client.delete(topic_meta_key("invoices"))
     lost = web.get("/api/topics/invoices")
     assert lost.status_code == 200, lost.text
-    assert [(p["partition"], p["in_flight"]) for p in lost.json()["partitions"]] == [(0, 1), (1, 1), (2, 1)]
+    figures = [(p["partition"], p["in_flight"]) for p in lost.json()["partitions"]]
+    assert figures == [(0, 1), (1, 1), (2, 1)] + [(i, 0) for i in range(3, 12)]

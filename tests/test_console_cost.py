@@ -173,6 +173,25 @@ def test_a_page_says_the_figures_are_being_read_and_the_json_endpoint_waits(
         assert 'data-testid="topic-row"' in web.get("/topics").text
 
 
+def test_a_failing_rates_sample_never_keeps_the_figures_from_the_pages(
+    real_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    register(real_client, 3)
+    console = ConsoleQueries(real_client, 15, ConsoleOptions(refresh_seconds=0))
+
+    def broken(*args: Any) -> None:
+        raise ValueError("a reply the rates did not expect")
+
+    monkeypatch.setattr(console.rates, "sample", broken)
+    assert [row["topic"] for row in console.topics("", "topic", "asc", 1, 50)["rows"]] == [
+        "topic-0000",
+        "topic-0001",
+        "topic-0002",
+    ]
+    assert console.overview()["totals"]["streams"] == 3
+    assert "what follows the status read failed" in caplog.text
+
+
 def hmgets(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
 

@@ -50,6 +50,13 @@ def test_urls_are_shown_without_their_password(url, shown):
         ("redis://:p@ssw0rdSecret@host:notaport/0", "p@ssw0rdSecret"),
         ("redis://user:pa:ss/Secret@host:6379/0?db=1", "pa:ss/Secret"),
         ("redis://:s3cret-pw@host:abc/0?password=s3cret-pw", "s3cret-pw"),
+        # redis-py takes these (the user name as the host): the parser reads the password's start as a port
+        ("redis://user:/Secr3t@host:6379/0", "/Secr3t"),
+        ("redis://user:?Secr3t@host:6379/0", "?Secr3t"),
+        ("redis://user:#Secr3t@host:6379/0", "#Secr3t"),
+        ("redis://user:2024/Summer@host:6379/0", "2024/Summer"),
+        ("redis+sentinel://:pa/ssword@h1:26379,h2:26379/svc", "pa/ssword"),
+        ("redis+sentinel://:pa?ssword@h1:26379/svc", "pa?ssword"),
     ],
 )
 def test_a_url_redis_py_refuses_never_shows_its_password(url, password):
@@ -69,3 +76,16 @@ def test_the_cli_never_prints_the_password_of_a_url_it_refuses(command):
     for url in ("redis://:ab/cdSecret==@127.0.0.1:6379/0", "redis://:ab?cdSecret@127.0.0.1:6379/0"):
         result = CliRunner().invoke(main, [*command, "--redis-url", url])
         assert result.exit_code != 0 and "cdSecret" not in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "url", ["redis+sentinel://:pa/ssword@127.0.0.1:1,127.0.0.1:2/svc", "redis+sentinel://:pa?ssword@127.0.0.1:1/svc"]
+)
+def test_a_sentinel_url_it_cannot_read_is_refused_without_any_part_of_its_password(url):
+    from redis_txmq.transport.sentinel import parse
+
+    with pytest.raises(ConfigurationError) as refused:
+        parse(url)
+    message = str(refused.value)
+    assert not any(part in message for part in ("pa/ssword", "pa?ssword", "':pa'", "ssword@")), message
+    assert "percent-encoded" in message

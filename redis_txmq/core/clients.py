@@ -99,9 +99,15 @@ def instance_id(kind: str) -> str:
 
 def redact_url(url: str) -> str:
     """The URL without its password (before the host, or a ``password=`` of its query: redis-py reads both), for
-    logs, errors and pages."""
-    if is_sentinel_url(url):
-        return redact_sentinel_url(url)
+    logs, errors and pages. A URL whose password, typed unencoded, misleads the parser (a ``/``, ``?`` or ``#`` in
+    it reads as the end of the host) is starred out from the user name to the last ``@``."""
+    shown = redact_sentinel_url(url) if is_sentinel_url(url) else _redact_parsed(url)
+    if any(password and password in shown for password in _passwords(url)):
+        return _redact_unparsed(url)
+    return shown
+
+
+def _redact_parsed(url: str) -> str:
     try:
         parts = urlsplit(url)
         password, port = parts.password, parts.port
@@ -159,21 +165,26 @@ def url_secrets(*urls: str | None) -> tuple[str, ...]:
         if not url:
             continue
         found.append(url)
-        rest = url.partition("://")[2]
-        passwords = []
-        # the user info ends at the first "@" of a URL that parses, at the last of one typed with "/", "?" or "@" in
-        # its password: both are taken (a longer one starred out hides the shorter inside it too)
-        for userinfo in (rest.partition("/")[0].partition("?")[0].rpartition("@")[0], rest.rpartition("@")[0]):
-            if userinfo:
-                passwords.append(userinfo.partition(":")[2])
-        for argument in url.partition("?")[2].split("&"):
-            name, _, value = argument.partition("=")
-            if unquote_plus(name).strip().lower() in SECRET_QUERY_NAMES:
-                passwords += [value, unquote_plus(value)]
-        for password in passwords:
+        for password in _passwords(url):
             if len(password) >= MIN_SCRUBBED_SECRET:
                 found += [password, unquote(password)]
     return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def _passwords(url: str) -> list[str]:
+    """What may be a password in ``url``: the user info's, however it was typed — it ends at the first ``@`` of a
+    URL that parses, at the last of one typed with ``/``, ``?`` or ``@`` in its password: both are taken (a longer
+    one starred out hides the shorter inside it too) —, and the values of the query's password arguments."""
+    rest = url.partition("://")[2]
+    passwords = []
+    for userinfo in (rest.partition("/")[0].partition("?")[0].rpartition("@")[0], rest.rpartition("@")[0]):
+        if userinfo:
+            passwords.append(userinfo.partition(":")[2])
+    for argument in url.partition("?")[2].split("&"):
+        name, _, value = argument.partition("=")
+        if unquote_plus(name).strip().lower() in SECRET_QUERY_NAMES:
+            passwords += [value, unquote_plus(value)]
+    return [password for password in passwords if password]
 
 
 def scrub(text: str, secrets: Sequence[str]) -> str:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, unquote
 
 from ..core.clients import SENTINEL_SCHEMES as SCHEMES
 from ..core.clients import is_sentinel_url as is_sentinel_url  # defined here in 0.1.0
-from ..core.clients import redact_sentinel_url as redact
+from ..core.clients import redact_url as redact
 from ..core.errors import ConfigurationError
 
 _SENTINEL_QUERY = ("sentinel_username", "sentinel_password")
@@ -58,6 +58,11 @@ def parse(url: str) -> SentinelTarget:
     for host_port in filter(None, hosts.split(",")):
         host, colon, port = host_port.rpartition(":")
         if not colon or not port.isdigit() or not host:
+            if not at and "@" in url:  # user info cut short by a "/" or "?" of its password: never echo a part of it
+                raise ConfigurationError(
+                    f"Sentinel URL {shown!r}: no Sentinel host:port before the path; a password holding '/', '?' or "
+                    "'#' must be percent-encoded"
+                )
             raise ConfigurationError(f"Sentinel URL {shown!r}: {host_port!r} is not host:port")
         sentinels.append((host.strip("[]"), int(port)))
     if not sentinels:

@@ -9,6 +9,7 @@ for its dead-letter stream."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import threading
@@ -37,6 +38,8 @@ from ...core.message import validate_name
 from ...core.topics import partition_keys
 from ...transport.connection import pipeline_each
 from .. import admin
+
+logger = logging.getLogger(__name__)
 
 
 class BadRequest(TxMQError, ValueError):
@@ -363,7 +366,10 @@ class StatusCache:
         now_ms = server_ms(self.client)
         report = admin.status(self.client, live_seconds=self.live_seconds)
         if self.after_read is not None:
-            self.after_read(report, now_ms)
+            try:
+                self.after_read(report, now_ms)
+            except Exception:  # noqa: BLE001 - what follows a read (the rates) never keeps its figures from the pages
+                logger.exception("console: what follows the status read failed; the figures are shown without it")
         return report, now_ms, time.monotonic() - started, started
 
     def _store(self, report: dict[str, Any], now_ms: int, took: float, started: float) -> None:
@@ -699,7 +705,7 @@ class ConsoleQueries:
         registered = self.client.smismember(TOPIC_REGISTRY, [k.topic_stream for k in every])
         streams = [keys for keys, known in zip(every, registered, strict=True) if int(known)]
         if not streams:  # its partition count lost (the case of topics.restore_partitions_call): the registry knows
-            streams = admin.registered_topics(self.client, topic)
+            streams = sorted(admin.registered_topics(self.client, topic), key=lambda keys: keys.partition)
         if not streams:
             raise NotFound(f"no registered topic {topic!r}; the topics page lists them")
         partitions = [
