@@ -147,10 +147,6 @@ def _describe(exc: BaseException, redis_url: str | None) -> str:
     return str(exc)
 
 
-"""A shorter password is not searched for in messages on its own (it would star out ordinary words); the URL that
-holds it always is."""
-
-
 def _one_line(text: str, redis_url: str | None) -> str:
     """``text`` on one line, without the password of ``redis_url``."""
     return scrub(text, url_secrets(redis_url))

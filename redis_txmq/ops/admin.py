@@ -26,7 +26,7 @@ from ..core.message import LocalTransactionState, validate_name
 from ..core.protocol import RESOLVES_TO, DeadAction, EndResult, EndSource, RecordAction, message_index
 from ..core.states import State, move
 from ..sync.broker import RedisBroker
-from ..transport.connection import pipeline_each, server_info, server_nodes
+from ..transport.connection import checked, pipeline_all, pipeline_each, server_info, server_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +68,7 @@ def by_topic(streams: list[TopicKeys]) -> dict[str, list[TopicKeys]]:
 def stream_figures(client: Any, keys: TopicKeys, now_ms: int) -> dict[str, Any]:
     """One topic stream (partition) in one pipeline: committed entries, transactions in flight, the age of the oldest
     half message (None when nothing is in flight), dead-lettered transactions."""
-    figures = streams_figures(client, [keys], now_ms)[0]
-    if isinstance(figures, Exception):
-        raise figures
-    return figures
+    return checked(streams_figures(client, [keys], now_ms)[0])
 
 
 def streams_figures(client: Any, streams: list[TopicKeys], now_ms: int) -> list[dict[str, Any] | Exception]:
@@ -491,8 +488,7 @@ def find_dead_transaction(client: Any, transaction_id: str, topic: str | None = 
         pipe.hexists(keys.inflight, transaction_id)
         return 3
 
-    replies = pipeline_each(client, candidates, queue)
-    found = [(keys, _checked(reply)) for keys, reply in zip(candidates, replies, strict=True)]
+    found = list(zip(candidates, pipeline_all(client, candidates, queue), strict=True))
     for keys, (dead, _, _) in found:
         if dead:
             return keys, transaction_id
@@ -541,16 +537,6 @@ def dead_messages_of(client: Any, parent_transaction_id: str) -> list[tuple[Topi
     return _dead_members(client, registered_topics(client), _glob_escape(parent_transaction_id) + ".*")
 
 
-def _checked(replies: list[Any] | Exception) -> list[Any]:
-    """A stream's replies of ``pipeline_each``, raising the error that kept them from being read."""
-    if isinstance(replies, Exception):
-        raise replies
-    error = next((r for r in replies if isinstance(r, Exception)), None)
-    if error is not None:
-        raise error
-    return replies
-
-
 def _dead_members(client: Any, streams: list[TopicKeys], pattern: str) -> list[tuple[TopicKeys, str]]:
     """The members of the streams' dead-letter indexes matching ``pattern``: ``HSCAN`` of every stream pipelined
     (``pipeline_each``), then again of those whose scan is not finished, until none is: a round trip per round, not
@@ -565,7 +551,7 @@ def _dead_members(client: Any, streams: list[TopicKeys], pattern: str) -> list[t
     while scans:
         going_on = []
         for (keys, _), replies in zip(scans, pipeline_each(client, scans, queue), strict=True):
-            cursor, members = _checked(replies)[0]
+            cursor, members = checked(replies)[0]
             found += [(keys, entries.text(member) or "") for member in members]
             if int(cursor):
                 going_on.append((keys, int(cursor)))

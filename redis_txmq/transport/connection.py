@@ -190,6 +190,23 @@ def pipeline_each(
     return results
 
 
+def checked(value: Any) -> Any:
+    """One item of a pipelined read (``pipeline_each``'s replies of it, or what was made of them), or the error that
+    kept it, or one of its replies, from being read, raised: for a reader that shows all it read or an error."""
+    if isinstance(value, Exception):
+        raise value
+    if isinstance(value, list):
+        for reply in value:
+            if isinstance(reply, Exception):
+                raise reply
+    return value
+
+
+def pipeline_all(client: Any, items: Sequence[Item], queue: Callable[[Any, Item], int]) -> list[list[Any]]:
+    """``pipeline_each``'s replies of every item, or the first error among them raised (``checked``)."""
+    return [checked(replies) for replies in pipeline_each(client, items, queue)]
+
+
 def _pipelined(client: Any, items: Sequence[Item], queue: Callable[[Any, Item], int]) -> list[list[Any] | Exception]:
     with client.pipeline(transaction=False) as pipe:
         counts = [queue(pipe, item) for item in items]

@@ -36,7 +36,7 @@ from ...core.keys import (
 )
 from ...core.message import validate_name
 from ...core.topics import partition_keys
-from ...transport.connection import pipeline_each
+from ...transport.connection import checked, pipeline_all, pipeline_each
 from .. import admin
 
 logger = logging.getLogger(__name__)
@@ -214,20 +214,6 @@ def _paged(rows: list[Any], page: int, size: int) -> dict[str, Any]:
         "size": size,
         "rows": rows[(page - 1) * size : page * size],
     }
-
-
-def _checked(replies: list[Any] | Exception) -> list[Any]:
-    """One item's replies of ``pipeline_each``, or its error raised: a page shows all it read or an error."""
-    if isinstance(replies, Exception):
-        raise replies
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
-
-
-def _pipelined(client: Any, items: list[Any], queue: Callable[[Any, Any], int]) -> list[list[Any]]:
-    return [_checked(replies) for replies in pipeline_each(client, items, queue)]
 
 
 def _preview(body: bytes | None, length: int = 120) -> str:
@@ -576,7 +562,7 @@ class ConsoleQueries:
             return 2
 
         layouts: dict[str, dict[str, int]] = {}
-        for group, (live, versions) in zip(groups, _pipelined(self.client, groups, queue), strict=True):
+        for group, (live, versions) in zip(groups, pipeline_all(self.client, groups, queue), strict=True):
             recorded = {entries.text(k): entries.text(v) for k, v in versions.items()}
             counts: dict[str, int] = {}
             for member in live:
@@ -617,7 +603,7 @@ class ConsoleQueries:
             pipe.xrange(keys.half_stream, min="-", max=f"{now_ms - bound_ms}-0", count=options.attention_limit)
             return 1
 
-        for row, (halves,) in zip(old, _pipelined(self.client, old, queue_old), strict=True):
+        for row, (halves,) in zip(old, pipeline_all(self.client, old, queue_old), strict=True):
             for half_id, raw in halves:
                 fields = entries.field_map(raw)
                 past_bound.append(
@@ -638,7 +624,7 @@ class ConsoleQueries:
             return 1
 
         unknown: list[dict[str, Any]] = []
-        for row, ((_, checks),) in zip(in_flight, _pipelined(self.client, in_flight, queue_checks), strict=True):
+        for row, ((_, checks),) in zip(in_flight, pipeline_all(self.client, in_flight, queue_checks), strict=True):
             for txid, times in checks.items():
                 if int(times) >= options.unknown_checks:
                     unknown.append(
@@ -651,7 +637,7 @@ class ConsoleQueries:
             pipe.hget(topic_keys_of_stream(row["stream"]).remarks, row["transaction_id"])
             return 1
 
-        for row, (remark,) in zip(unknown, _pipelined(self.client, unknown, queue_remark), strict=True):
+        for row, (remark,) in zip(unknown, pipeline_all(self.client, unknown, queue_remark), strict=True):
             row["remark"] = entries.text(remark)
         behind = [
             g
@@ -709,7 +695,7 @@ class ConsoleQueries:
         if not streams:
             raise NotFound(f"no registered topic {topic!r}; the topics page lists them")
         partitions = [
-            dict(_checked_figures(figures), partition=keys.partition)
+            dict(checked(figures), partition=keys.partition)
             for keys, figures in zip(streams, admin.streams_figures(self.client, streams, now_ms), strict=True)
         ]
         chosen = streams[0]
@@ -887,7 +873,7 @@ class ConsoleQueries:
             return 1 + in_flight + dead
 
         hits: list[tuple[TopicKeys, str, str, str]] = []  # stream, id, where, value
-        for (keys, in_flight, dead_asked), replies in zip(plan, _pipelined(self.client, plan, queue), strict=True):
+        for (keys, in_flight, dead_asked), replies in zip(plan, pipeline_all(self.client, plan, queue), strict=True):
             ended = replies[0]
             inflight = replies[1] if in_flight else nothing
             dead = replies[1 + in_flight] if dead_asked else nothing
@@ -911,7 +897,7 @@ class ConsoleQueries:
 
         rows = []
         for (keys, txid, where, value), (checks, remark, *found) in zip(
-            hits, _pipelined(self.client, hits, queue_detail), strict=True
+            hits, pipeline_all(self.client, hits, queue_detail), strict=True
         ):
             fields = entries.field_map(found[0][0][1]) if found and found[0] else {}
             row: dict[str, Any] = {
@@ -977,7 +963,7 @@ class ConsoleQueries:
             return 3
 
         rows = []
-        for keys, (committed, halves, dead) in zip(chosen, _pipelined(self.client, chosen, queue), strict=True):
+        for keys, (committed, halves, dead) in zip(chosen, pipeline_all(self.client, chosen, queue), strict=True):
             for state, found in (("COMMITTED", committed), ("IN_FLIGHT", halves), ("DEAD_LETTERED", dead)):
                 for entry_id, raw in found:
                     fields = entries.field_map(raw)
@@ -1056,7 +1042,7 @@ class ConsoleQueries:
             return 1
 
         rows = []
-        for keys, (found,) in zip(streams, _pipelined(self.client, streams, queue), strict=True):
+        for keys, (found,) in zip(streams, pipeline_all(self.client, streams, queue), strict=True):
             for entry_id, raw in found:
                 rows.append(_dead_row(keys, entry_id, raw, now_ms))
         rows = [
@@ -1106,7 +1092,7 @@ class ConsoleQueries:
             return 2
 
         rows = []
-        for (decision, score), (record, stages) in zip(members, _pipelined(self.client, members, queue), strict=True):
+        for (decision, score), (record, stages) in zip(members, pipeline_all(self.client, members, queue), strict=True):
             fields = {entries.text(k): entries.text(v) for k, v in record.items()}
             try:
                 job = JobKeys.of_decision(decision)
@@ -1175,12 +1161,6 @@ def topic_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             previous = row["oldest_in_flight_age_seconds"]
             row["oldest_in_flight_age_seconds"] = age if previous is None else max(previous, age)
     return list(rows.values())
-
-
-def _checked_figures(figures: dict[str, Any] | Exception) -> dict[str, Any]:
-    if isinstance(figures, Exception):
-        raise figures
-    return figures
 
 
 def _number(text: str | None) -> int | None:
