@@ -38,13 +38,14 @@
 
 local batch_name, min_width = 'end_transactions', 8
 --#include batch_calls
-local half_of, unchecked_of, ended_of = {}, {}, {}
+-- `unchecked_of` by the end's place in the call (`unchecked` is only read before the ends: an end that finds its
+-- transaction retired by an earlier end of the call does not look at it), `half_of` by transaction id
+local half_of, ended_of, unchecked_of = {}, {}, nil
 do
   local in_flight = redis.call('HMGET', inflight, unpack(txids))
-  local born = redis.call('ZMSCORE', unchecked, unpack(txids))
+  unchecked_of = redis.call('ZMSCORE', unchecked, unpack(txids))
   for i = 1, #txids do
     half_of[txids[i]] = in_flight[i]
-    unchecked_of[txids[i]] = born[i] ~= false
   end
 end
 -- The half messages of the ends in flight, in one XRANGE from the lowest id to the highest when they lie close
@@ -53,15 +54,36 @@ end
 -- end whose half message was not among them reads it itself (read_half.lua). Half messages do not change, and the
 -- call deletes its ends' after them. Memory: up to twice the bodies of the call's ends at once (a call of prepares
 -- carries its bodies in its arguments).
+-- The lowest and highest id: ids of one length with the '-' at one place (most of a call's: its half messages were
+-- written in the same few milliseconds) are in the order of their text (digits at the same places, in any locale),
+-- compared without reading them as numbers; only the lowest and highest of each such layout are read as numbers.
 local read_ahead = {}
 do
-  local low, high, low_ms, low_seq, high_ms, high_seq
+  -- the layout (length * 64 + place of '-': an entry id has at most 41 characters) -> its lowest / highest id
+  local low_of, high_of = {}, {}
   for i = 1, #txids do
     local id = half_of[txids[i]]
     if id then
+      local dash = string.find(id, '-', 2, true)
+      if dash then  -- else not an entry id (the index written over): its end reads it, and fails, alone
+        local layout = #id * 64 + dash
+        local low = low_of[layout]
+        if not low then
+          low_of[layout], high_of[layout] = id, id
+        elseif id < low then
+          low_of[layout] = id
+        elseif id > high_of[layout] then
+          high_of[layout] = id
+        end
+      end
+    end
+  end
+  local low, high, low_ms, low_seq, high_ms, high_seq
+  for layout, first in pairs(low_of) do
+    for _, id in ipairs({first, high_of[layout]}) do
       local ms, seq = string.match(id, '^(%d+)-(%d+)$')
       ms, seq = tonumber(ms), tonumber(seq)
-      if ms and seq then  -- else not an entry id (the index written over): its end reads it, and fails, alone
+      if ms and seq then
         if not low or ms < low_ms or (ms == low_ms and seq < low_seq) then
           low, low_ms, low_seq = id, ms, seq
         end
@@ -83,6 +105,8 @@ end
 -- outcomes past the window that an end asked for (as end_transaction does one end in ten)
 local ended_fields, ended_times, half_ids, retired, unchecked_retired, remarks_dropped = {}, {}, {}, {}, {}, {}
 local sweep_now, sweep_window_ms, sweeps = nil, nil, 0
+-- the last end's dedupe window and op stream cap, as given and as checked (end_args.lua)
+local known = {}
 
 local function call_one(at)
   --#include end_args
@@ -122,7 +146,7 @@ local function call_one(at)
   retired[#retired + 1] = txid
   half_of[txid] = false
   local request_id = ''
-  if unchecked_of[txid] then
+  if unchecked_of[(at - 1) / width + 1] then
     unchecked_retired[#unchecked_retired + 1] = txid
     if window_ms == 0 then
       remarks_dropped[#remarks_dropped + 1] = txid

@@ -31,24 +31,22 @@ local batch_name, min_width = 'prepare_halves', 9
 --#include batch_calls
 -- `ended` or `dead_index` refusing its HMGET (another type, written over by another tool): each prepare that is not
 -- a repeat of one in flight reads it itself, and fails, as alone
+-- a prepare writes neither, so `ended_of` and `dead_of` are HMGET's replies, by the prepare's place in the call;
+-- `half_of`, which the prepares write, by transaction id
 local half_of, ended_of, dead_of = {}, nil, nil
 do
   local in_flight = redis.call('HMGET', inflight, unpack(txids))
   local prior = redis.pcall('HMGET', ended, unpack(txids))
   local dead = redis.pcall('HMGET', dead_index, unpack(txids))
-  ended_of = not prior['err'] and {} or nil
-  dead_of = not dead['err'] and {} or nil
+  ended_of = not prior['err'] and prior or nil
+  dead_of = not dead['err'] and dead or nil
   for i = 1, #txids do
     half_of[txids[i]] = in_flight[i]
-    if ended_of then
-      ended_of[txids[i]] = prior[i]
-    end
-    if dead_of then
-      dead_of[txids[i]] = dead[i] ~= false
-    end
   end
 end
-local time, has_unchecked = nil, nil
+-- the server's time, taken once for the call by the first prepare that writes: every half message of the call is
+-- born at that time
+local born_ms, has_unchecked = nil, nil
 -- what the call writes after its prepares: the half messages indexed
 local inflight_fields, unchecked_members, unchecked_born = {}, {}, {}
 local inflight_calls, unchecked_calls = {}, {}
@@ -61,9 +59,10 @@ local function call_one(at)
     local pending_born = unchecked_born[txid]
     --#include repeat_wake
   end
+  local index = (at - 1) / width + 1  -- this prepare's place in the call and its replies
   local prior
   if ended_of then
-    prior = ended_of[txid]
+    prior = ended_of[index]
   else
     prior = redis.call('HGET', ended, txid)
   end
@@ -71,18 +70,16 @@ local function call_one(at)
     local state, _, prior_half = string.match(prior, '^([^|]+)|([^|]+)|([^|]+)')
     return {'OK', prior_half, state, 'DUPLICATE'}
   end
-  if (dead_of and dead_of[txid]) or (not dead_of and redis.call('HEXISTS', dead_index, txid) == 1) then
+  if (dead_of and dead_of[index]) or (not dead_of and redis.call('HEXISTS', dead_index, txid) == 1) then
     return {'OK', '', 'DEAD', 'DUPLICATE'}
   end
 
-  if not time then
-    time = redis.call('TIME')
+  if not born_ms then
+    local time = redis.call('TIME')
+    born_ms = time[1] .. string.sub(string.rep('0', 6 - #time[2]) .. time[2], 1, 3)
   end
   --#include half_fields
-
-  half_id = redis.call('XADD', half_stream, '*', unpack(fields))
   half_of[txid] = half_id
-  local index = (at - 1) / width + 1  -- this prepare's place in the replies
   inflight_fields[#inflight_fields + 1] = txid
   inflight_fields[#inflight_fields + 1] = half_id
   inflight_calls[#inflight_calls + 1] = index

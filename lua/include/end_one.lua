@@ -11,6 +11,7 @@
 -- Returns the end's reply (end_transaction.lua's header), from the script or the function it is inlined in; every
 -- path returns.
 -- Commands: nine on the common path (a COMMIT of a never-checked transaction), see apply_outcome and retire_half.
+local known = nil  -- one end: no numbers of an earlier end (end_args.lua)
 --#include end_args
 
 local half_id = redis.call('HGET', inflight, txid)

@@ -42,9 +42,8 @@ end
 -- Times come from the Redis server, never from a client: clients' clocks skew. The milliseconds are put together
 -- as text: a Lua number would go through printf and strtod on its way to the XADD and the ZADD.
 local time = redis.call('TIME')
+local born_ms = time[1] .. string.sub(string.rep('0', 6 - #time[2]) .. time[2], 1, 3)
 --#include half_fields
-
-half_id = redis.call('XADD', half_stream, '*', unpack(fields))
 redis.call('HSET', inflight, txid, half_id)
 local wake = born_ms
 if immunity_ms then

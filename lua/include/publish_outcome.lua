@@ -13,11 +13,16 @@
 -- Commands: XADD to the topic stream on COMMIT, XADD to the op stream.
 local committed_id = ''
 if outcome == 'COMMIT' then
-  local fields = {'transaction_id', half['transaction_id'], 'body', half['body']}
-  if half['keys'] then fields[#fields + 1] = 'keys'; fields[#fields + 1] = half['keys'] end
-  if half['tags'] then fields[#fields + 1] = 'tags'; fields[#fields + 1] = half['tags'] end
-  if half['properties'] then fields[#fields + 1] = 'properties'; fields[#fields + 1] = half['properties'] end
-  committed_id = redis.pcall('XADD', topic_stream, '*', unpack(fields))
+  if half['keys'] or half['tags'] or half['properties'] then
+    local fields = {'transaction_id', half['transaction_id'], 'body', half['body']}
+    if half['keys'] then fields[#fields + 1] = 'keys'; fields[#fields + 1] = half['keys'] end
+    if half['tags'] then fields[#fields + 1] = 'tags'; fields[#fields + 1] = half['tags'] end
+    if half['properties'] then fields[#fields + 1] = 'properties'; fields[#fields + 1] = half['properties'] end
+    committed_id = redis.pcall('XADD', topic_stream, '*', unpack(fields))
+  else  -- the common message: no table to make for it
+    committed_id = redis.pcall('XADD', topic_stream, '*', 'transaction_id', half['transaction_id'],
+                               'body', half['body'])
+  end
   if type(committed_id) == 'table' then
     local err = tostring(committed_id['err'])
     if string.find(err, '^READONLY') then

@@ -19,9 +19,23 @@ if not flat then
   end
   flat = entries[1][2]
 end
-local half = {}
-for i = 1, #flat, 2 do
-  half[flat[i]] = flat[i + 1]
+-- The first six fields in the order half_fields.lua writes them are taken by place, in one table made at its size
+-- (filled field by field, a table is grown again at every power of two), the rest by name; a half message in
+-- another order (written by another tool) is read field by field. Either way a field written twice counts with its
+-- last value.
+local half
+if flat[1] == 'transaction_id' and flat[3] == 'producer_group' and flat[5] == 'topic' and flat[7] == 'partition'
+    and flat[9] == 'born_ms' and flat[11] == 'body' then
+  half = {transaction_id = flat[2], producer_group = flat[4], topic = flat[6], partition = flat[8],
+          born_ms = flat[10], body = flat[12]}
+  for i = 13, #flat, 2 do
+    half[flat[i]] = flat[i + 1]
+  end
+else
+  half = {}
+  for i = 1, #flat, 2 do
+    half[flat[i]] = flat[i + 1]
+  end
 end
 if half['transaction_id'] ~= txid then
   return {'ERR', 'CORRUPT', 'half message ' .. half_id .. ' belongs to transaction ' .. tostring(half['transaction_id'])}
