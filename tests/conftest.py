@@ -9,7 +9,7 @@ server they did not start, so flushing it is safe.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import fakeredis
 import pytest
@@ -75,19 +75,50 @@ def client(request: pytest.FixtureRequest) -> redis.Redis:
     return request.getfixturevalue("real_client")
 
 
-REPORT = pytest.StashKey[list[str]]()
+SUMMARY_PROPERTY = "txmq-summary:"
+"""Prefix of the user properties that carry a test's lines for the end of the session (then the section's name)."""
+_summary: dict[str, list[str]] = {}
+
+
+class SummaryLines(list[str]):
+    """Lines a test leaves for a section at the end of the session, pass or fail. Each is also kept on the test's
+    report: from a pytest-xdist worker, the report is what reaches the process that prints the summary."""
+
+    def __init__(self, node: pytest.Item, section: str) -> None:
+        super().__init__()
+        self._node = node
+        self._property = SUMMARY_PROPERTY + section
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        self._node.user_properties.append((self._property, line))
+
+    def extend(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.append(line)
+
+    def __iadd__(self, lines: Iterable[str]) -> SummaryLines:  # type: ignore[override]
+        self.extend(lines)
+        return self
 
 
 @pytest.fixture
 def report(request: pytest.FixtureRequest) -> list[str]:
     """Lines a test leaves for the end of the session (measured figures: what a failover lost...), pass or fail."""
-    return request.config.stash.setdefault(REPORT, [])
+    return SummaryLines(request.node, "measured")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "teardown":  # the last report of a test carries every line it left
+        return
+    for name, value in report.user_properties:
+        if isinstance(name, str) and name.startswith(SUMMARY_PROPERTY):
+            _summary.setdefault(name[len(SUMMARY_PROPERTY) :], []).append(value)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    lines = config.stash.get(REPORT, [])
-    if lines:
-        terminalreporter.section("measured")
+    for section, lines in _summary.items():
+        terminalreporter.section(section)
         for line in lines:
             terminalreporter.write_line(line)
 

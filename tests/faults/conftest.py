@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import SummaryLines
 from .harness import System, cluster_sizes, replica_sizes, sizes_from_env
-
-REPORT = pytest.StashKey[list[str]]()
 
 
 @pytest.fixture
 def fault_report(request: pytest.FixtureRequest) -> list[str]:
-    """Lines for the end-of-session summary."""
-    return request.config.stash.setdefault(REPORT, [])
+    """Lines for the end-of-session summary (its section "fault suite")."""
+    return SummaryLines(request.node, "fault suite")
 
 
 @pytest.fixture
@@ -51,11 +50,3 @@ def system(
         yield built
     finally:
         built.stop()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    lines = config.stash.get(REPORT, [])
-    if lines:
-        terminalreporter.section("fault suite")
-        for line in lines:
-            terminalreporter.write_line(line)
