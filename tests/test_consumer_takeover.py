@@ -41,13 +41,16 @@ def api(request: pytest.FixtureRequest) -> Iterator[SyncApi | AsyncioApi]:
 
 class Runner:
     """``consumer.run`` in a thread, its handler taking ``seconds`` (awaited on asyncio) and recording each call;
-    while ``release`` is clear, a handler waits."""
+    while ``release`` is clear, a handler waits (``held``: clear from the start, before the thread can read)."""
 
-    def __init__(self, api: Any, consumer: Any, seconds: float, calls: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, api: Any, consumer: Any, seconds: float, calls: list[tuple[str, str]], *, held: bool = False
+    ) -> None:
         self.consumer = consumer
         self.started = threading.Event()
         self.release = threading.Event()
-        self.release.set()
+        if not held:
+            self.release.set()
         self.handled = 0
 
         def record(message: ConsumedMessage) -> None:
@@ -101,10 +104,9 @@ def test_two_live_consumers_with_slow_handlers_never_take_each_others_messages(a
 
     def start(name: str) -> Runner:
         c = api.Consumer("orders", "billing", name, client=real_client, settings=FAST_HEARTBEAT, **options)
-        return Runner(api, c, 0.6, calls)
+        return Runner(api, c, 0.6, calls, held=name == "a")
 
     first = start("a")
-    first.release.clear()
     runners = [first]
     try:
         wait_until(lambda: calls and oldest_idle_ms(real_client) >= 1000, 30)
@@ -132,8 +134,7 @@ def test_a_handler_is_never_called_for_a_message_its_consumer_no_longer_owns(api
     send(real_client, [COMMIT] * 3)
     calls: list[tuple[str, str]] = []
     c = api.Consumer("orders", "billing", "a", client=real_client, batch_size=3, block=0.05, min_idle_time=60)
-    runner = Runner(api, c, 0.0, calls)
-    runner.release.clear()
+    runner = Runner(api, c, 0.0, calls, held=True)
     try:
         assert runner.started.wait(10)
         first, second, third = (entry_id.decode() for entry_id, _ in real_client.xrange("orders"))
@@ -158,8 +159,7 @@ def test_stop_finishes_the_message_in_hand_and_hands_the_rest_back(api, real_cli
     first = api.Consumer(
         "orders", "billing", "first", client=real_client, batch_size=10, block=0.05, min_idle_time=3600
     )
-    runner = Runner(api, first, 0.0, calls)
-    runner.release.clear()
+    runner = Runner(api, first, 0.0, calls, held=True)
     assert runner.started.wait(10)
     stop_now(api, first)  # while the handler has the first message in hand
     runner.release.set()
