@@ -108,6 +108,24 @@ def report(request: pytest.FixtureRequest) -> list[str]:
     return SummaryLines(request.node, "measured")
 
 
+def _sendable(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode (lone surrogates, which tests of user text log on purpose) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A report whose captured output or failure text holds a lone surrogate gets it escaped: a pytest-xdist worker
+    sends its reports as UTF-8, and one it cannot encode stops the whole run."""
+    report = yield
+    report.sections = [(name, _sendable(text)) for name, text in report.sections]
+    if report.longrepr is not None:
+        text = str(report.longrepr)
+        if _sendable(text) != text:
+            report.longrepr = _sendable(text)
+    return report
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when != "teardown":  # the last report of a test carries every line it left
         return
