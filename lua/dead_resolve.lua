@@ -8,8 +8,8 @@
 --       look's).
 -- ARGV[1] transaction_id
 -- ARGV[2] action             COMMIT | ROLLBACK | RECHECK
--- ARGV[3] dedupe_window_ms
--- ARGV[4] op_stream_maxlen
+-- ARGV[3] dedupe_window_ms   a number from 0 to 2^53 (end_transaction.lua)
+-- ARGV[4] op_stream_maxlen   a whole number from 1 to 2^53
 -- ARGV[5] remark             '' for none
 -- Reply: {'OK', state, half_id, committed_id or '', 'APPLIED' | 'DUPLICATE', ''} or {'ERR', code, detail}
 --        (the last element is end_transaction's check request id: a dead-lettered transaction has none); an
@@ -19,8 +19,10 @@ local txid, action, window_ms, op_maxlen, remark = ARGV[1], ARGV[2], tonumber(AR
 if txid == '' or (action ~= 'COMMIT' and action ~= 'ROLLBACK' and action ~= 'RECHECK') then
   return fail('BADARG', 'need a transaction_id and an action of COMMIT, ROLLBACK or RECHECK')
 end
-if not window_ms or window_ms < 0 or not op_maxlen or op_maxlen < 1 then
-  return fail('BADARG', 'dedupe_window_ms must be >= 0 and op_stream_maxlen >= 1')
+if not (window_ms and window_ms >= 0 and window_ms <= 9007199254740992 and op_maxlen and op_maxlen >= 1
+        and op_maxlen <= 9007199254740992 and op_maxlen == math.floor(op_maxlen)) then  -- NaN fails too (end_args)
+  return fail('BADARG', 'dedupe_window_ms must be a number from 0 to 2^53 and op_stream_maxlen a whole number from 1 '
+                        .. 'to 2^53')
 end
 local now = now_ms()
 

@@ -6,8 +6,9 @@
 -- ARGV[3] outcome            COMMIT | ROLLBACK | UNKNOWN (UNKNOWN ends nothing; it only records the remark)
 -- ARGV[4] source             who ends it: producer | checker | operator (kept in the op record)
 -- ARGV[5] remark             free text, '' for none
--- ARGV[6] dedupe_window_ms   how long the outcome is remembered to answer a repeated end; 0 = not at all
--- ARGV[7] op_stream_maxlen   approximate cap of the op stream
+-- ARGV[6] dedupe_window_ms   how long the outcome is remembered to answer a repeated end; 0 = not at all (a number
+--                            from 0 to 2^53, else BADARG)
+-- ARGV[7] op_stream_maxlen   approximate cap of the op stream (a whole number from 1 to 2^53, else BADARG)
 -- ARGV[8] half_id            expected half message id, '' to skip that check
 -- Reply: {'OK', state, half_id, committed_id or '', 'APPLIED' | 'DUPLICATE' | 'RECORDED', check_request_id or ''}
 --        (check_request_id: the transaction's pending check request, retired with it; the caller deletes that

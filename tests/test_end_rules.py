@@ -187,3 +187,47 @@ def test_a_dedupe_window_of_1_ms_remembers_the_outcome_and_the_remark_until_it_p
     wait_until(swept)
     assert not real_client.hexists(KEYS.ended, "tx-w") and real_client.zcard(KEYS.ended_at) == 0
     assert real_client.hlen(KEYS.remarks) == 0
+
+
+BAD_NUMBERS = [
+    ("nan", 1000),
+    ("inf", 1000),
+    ("-1", 1000),
+    (60_000, "nan"),
+    (60_000, "inf"),
+    (60_000, "1.5"),
+    (60_000, "0"),
+    (60_000, "1e300"),
+]
+"""``(dedupe_window_ms, op_stream_maxlen)`` pairs no end may take: a NaN passes every ``<`` check, and the numbers
+reach the op record's ``XADD`` after the topic entry is written (a refusal there left the message published and the
+transaction in flight: published again by the next end)."""
+
+
+@pytest.mark.parametrize(("window_ms", "op_maxlen"), BAD_NUMBERS)
+def test_an_end_with_numbers_it_cannot_write_is_refused_before_anything_is_written(
+    real_client, broker, window_ms, op_maxlen
+):
+    broker.prepare_half(KEYS, Message("orders", b"x"), "tx-n", GROUP)
+    before = everything(real_client)
+    single = register_topic_script(real_client, "end_transaction")
+    batch = register_topic_script(real_client, "end_transactions")
+    args = ["tx-n", GROUP, "COMMIT", EndSource.PRODUCER.value, "", window_ms, op_maxlen, ""]
+    for _ in range(2):  # a retry too
+        reply = single(keys=KEYS.script_keys(), args=args)
+        assert reply[:2] == [b"ERR", b"BADARG"], reply
+        # in a batch: after a good end of another transaction whose numbers it does not share, and alone
+        (first, second) = batch(keys=KEYS.script_keys(), args=[8, "tx-other", *args[1:5], 60_000, 1000, "", *args])
+        assert first[:2] == [b"ERR", b"NOT_FOUND"] and second[:2] == [b"ERR", b"BADARG"], (first, second)
+    assert everything(real_client) == before
+
+
+@pytest.mark.parametrize(("window_ms", "op_maxlen"), BAD_NUMBERS)
+def test_an_operators_decision_with_numbers_it_cannot_write_is_refused(
+    real_client, dead_lettered, window_ms, op_maxlen
+):
+    before = everything(real_client)
+    resolve = register_topic_script(real_client, "dead_resolve")
+    reply = resolve(keys=KEYS.script_keys(), args=["tx-dead", "COMMIT", window_ms, op_maxlen, "by hand"])
+    assert reply[:2] == [b"ERR", b"BADARG"], reply
+    assert everything(real_client) == before

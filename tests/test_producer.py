@@ -212,6 +212,25 @@ def test_dedupe_window_outlives_redis_py_retries():
         Settings(dedupe_window=0)
 
 
+@pytest.mark.parametrize(
+    ("setting", "value", "what"),
+    [
+        ("op_stream_maxlen", float("nan"), "finite"),
+        ("op_stream_maxlen", 1.5, "whole"),
+        ("dedupe_window", float("nan"), "finite"),
+        ("dedupe_window", float("inf"), "finite"),
+        ("max_age", float("nan"), "finite"),
+        ("check_max", 2.5, "whole"),
+    ],
+)
+def test_settings_refuse_numbers_no_script_can_write(setting, value, what):
+    """A NaN passes every bound (each comparison with it is false); the op stream's cap reaches an XADD after the topic
+    entry is written, where a refusal would leave the message published and the transaction in flight."""
+    with pytest.raises(ConfigurationError, match=f"{setting} must be a {what} number"):
+        Settings(**{setting: value})
+    assert Settings(op_stream_maxlen=10_000.0).op_stream_maxlen == 10_000
+
+
 def test_topic_key_of_another_type_refuses_before_the_local_transaction(client, producer, listener):
     client.set("orders", "not a stream")
     with pytest.raises(PrepareError, match="WRONGTYPE"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -92,6 +93,14 @@ class Settings:
     stage_lifetime: float | None = None
 
     def __post_init__(self) -> None:
+        # before the bounds, which a NaN passes (every comparison with it is false): a number that reaches a script
+        # must be one it can write
+        for setting in fields(self):
+            value = getattr(self, setting.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigurationError(f"{setting.name} must be a finite number, got {value}")
+            if setting.type == "int" and isinstance(value, float) and not value.is_integer():
+                raise ConfigurationError(f"{setting.name} must be a whole number, got {value}")
         positive = ("check_interval", "max_age", "heartbeat_interval", "claim_idle", "job_lease")
         for name in positive:
             if not getattr(self, name) > 0:
