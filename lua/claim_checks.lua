@@ -25,10 +25,12 @@
 
 local timeout_ms, interval_ms, check_max = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_age_ms, limit, window_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if not (timeout_ms and interval_ms and check_max and max_age_ms and limit and window_ms)
-    or timeout_ms < 0 or interval_ms <= 0 or check_max < 1 or max_age_ms <= 0 or limit < 1 or window_ms < 0 then
+-- in the form a NaN fails: every comparison with it is false
+if not (timeout_ms and interval_ms and check_max and max_age_ms and limit and window_ms and timeout_ms >= 0
+        and interval_ms > 0 and check_max >= 1 and max_age_ms > 0 and limit >= 1 and window_ms >= 0
+        and window_ms <= 9007199254740992) then
   return fail('BADARG', 'need transaction_timeout_ms >= 0, check_interval_ms > 0, check_max >= 1, max_age_ms > 0, '
-    .. 'limit >= 1, dedupe_window_ms >= 0')
+    .. 'limit >= 1, dedupe_window_ms from 0 to 2^53')
 end
 
 local now = now_ms()

@@ -231,3 +231,22 @@ def test_an_operators_decision_with_numbers_it_cannot_write_is_refused(
     reply = resolve(keys=KEYS.script_keys(), args=["tx-dead", "COMMIT", window_ms, op_maxlen, "by hand"])
     assert reply[:2] == [b"ERR", b"BADARG"], reply
     assert everything(real_client) == before
+
+
+@pytest.mark.parametrize("window_ms", [2_000_000_000_000, 2**53])
+def test_a_dedupe_window_longer_than_the_clocks_time_forgets_nothing_and_fails_no_end(real_client, broker, window_ms):
+    """A window past the server's time in ms (about 57 years) made the sweep's cutoff negative: XTRIM refused it in
+    the ends that sweep (one in ten, by the op record's time), after the message was published and before the
+    transaction was retired, and the next end published it again. The checker's claim, which sweeps too, failed."""
+    script = register_topic_script(real_client, "end_transaction")
+    for i in range(40):  # one end in ten sweeps: a run of 40 has one that does with near certainty
+        broker.prepare_half(KEYS, Message("orders", b"x"), f"tx-{i}", GROUP)
+        args = [f"tx-{i}", GROUP, "COMMIT", EndSource.PRODUCER.value, "", window_ms, 1000, ""]
+        reply = script(keys=KEYS.script_keys(), args=args)
+        assert reply[:2] == [b"OK", b"COMMIT"] and reply[4] == b"APPLIED", reply
+    assert real_client.xlen("orders") == 40 and real_client.hlen(KEYS.inflight) == 0
+    assert real_client.hlen(KEYS.ended) == 40, "every outcome is remembered"
+    claim = register_topic_script(real_client, "claim_checks")
+    reply = claim(keys=KEYS.script_keys(), args=[0, 1000, 1, 3_600_000, 10, window_ms])
+    assert not isinstance(reply, Exception) and reply[0] != b"ERR", reply
+    assert real_client.hlen(KEYS.ended) == 40 and real_client.xlen(KEYS.op_stream) == 40

@@ -231,6 +231,15 @@ def test_settings_refuse_numbers_no_script_can_write(setting, value, what):
     assert Settings(op_stream_maxlen=10_000.0).op_stream_maxlen == 10_000
 
 
+def test_settings_refuse_numbers_past_what_a_script_reads_exactly():
+    """Past 2^53 a script's double is not the number sent: the end scripts refuse it, so every end would fail."""
+    with pytest.raises(ConfigurationError, match="op_stream_maxlen must be from 1 to 2\\^53"):
+        Settings(op_stream_maxlen=10**16)
+    with pytest.raises(ConfigurationError, match="dedupe_window must be at most 2\\^53 ms"):
+        Settings(dedupe_window=1e13)
+    assert Settings(op_stream_maxlen=2**53).op_stream_maxlen == 2**53
+
+
 def test_topic_key_of_another_type_refuses_before_the_local_transaction(client, producer, listener):
     client.set("orders", "not a stream")
     with pytest.raises(PrepareError, match="WRONGTYPE"):

@@ -6,9 +6,11 @@
 --   now        the server's time in ms, a number or its decimal text
 --   window_ms  the dedupe window in ms, a number >= 0
 --   limit      at most this many transactions are forgotten
--- Defines: cutoff (the oldest time still in the window, decimal text), old (the transaction ids forgotten).
+-- Defines: cutoff (the oldest time still in the window, decimal text, 0 at the least), old (the transaction ids forgotten).
 -- Commands: ZRANGEBYSCORE, three more when there is something to forget, XTRIM when there is a window.
-local cutoff = string.format('%d', tonumber(now) - window_ms)
+-- never before 0: a window longer than the clock's time (about 57 years) made a cutoff XTRIM refuses, after an end
+-- had published its message and before it retired it
+local cutoff = string.format('%d', math.max(tonumber(now) - window_ms, 0))
 local old = redis.call('ZRANGEBYSCORE', ended_at, '-inf', '(' .. cutoff, 'LIMIT', 0, limit)
 if #old > 0 then
   redis.call('HDEL', ended, unpack(old))

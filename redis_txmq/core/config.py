@@ -17,6 +17,8 @@ ENV_PREFIX = "TXMQ_"
 REDIS_URL_VARIABLE = ENV_PREFIX + "REDIS_URL"
 MIN_DEDUPE_WINDOW = 60.0
 """An end retried after a lost reply must get the first answer: the outcome outlives redis-py's retries."""
+MAX_SCRIPT_NUMBER = 2**53
+"""The largest whole number a Lua script reads exactly (a double): the scripts refuse larger ones."""
 LIFETIMES = ("transaction_record_lifetime", "job_decision_lifetime", "stage_lifetime")
 """Settings in seconds that default to None: ``max_age`` plus ``dedupe_window``."""
 
@@ -126,8 +128,10 @@ class Settings:
                 f"dedupe_window must be >= {MIN_DEDUPE_WINDOW} seconds (longer than redis-py's retries of a command "
                 f"whose reply was lost), got {self.dedupe_window}"
             )
-        if self.op_stream_maxlen < 1:
-            raise ConfigurationError(f"op_stream_maxlen must be >= 1, got {self.op_stream_maxlen}")
+        if self.dedupe_window * 1000 > MAX_SCRIPT_NUMBER:
+            raise ConfigurationError(f"dedupe_window must be at most 2^53 ms, got {self.dedupe_window} seconds")
+        if not 1 <= self.op_stream_maxlen <= MAX_SCRIPT_NUMBER:
+            raise ConfigurationError(f"op_stream_maxlen must be from 1 to 2^53, got {self.op_stream_maxlen}")
         self.durability_level()
         for name in LIFETIMES:
             value = getattr(self, name)
