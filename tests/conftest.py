@@ -119,11 +119,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     sends its reports as UTF-8, and one it cannot encode stops the whole run."""
     report = yield
     report.sections = [(name, _sendable(text)) for name, text in report.sections]
-    if report.longrepr is not None:
+    report.user_properties = [
+        (name, _sendable(value) if isinstance(value, str) else value) for name, value in report.user_properties
+    ]
+    if isinstance(getattr(report, "wasxfail", None), str):
+        report.wasxfail = _sendable(report.wasxfail)
+    if isinstance(report.longrepr, tuple):  # a skip: (path, line, reason)
+        path, line, reason = report.longrepr
+        report.longrepr = (path, line, _sendable(reason))
+    elif report.longrepr is not None:
         text = str(report.longrepr)
         if _sendable(text) != text:
             report.longrepr = _sendable(text)
     return report
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _summary.clear()  # a run of its own in a process that ran pytest before (a mutation tester's)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
