@@ -24,9 +24,9 @@
 -- each once. An end that fails part-way has written what end_transaction would have written before failing
 -- (scripts do not roll back; the writes after the ends carry what the failed end had written up to its failure):
 -- out of memory refuses its first write, so nothing; a companion key of another type (written over by another
--- tool) fails a write after the topic entry: the op stream's, and that end is published and left in flight, so a
--- repeat publishes it again (as end_transaction does; ruling it out would cost a TYPE per key); `ended`, `ended_at`
--- or `remarks`, written after the ends, and the ends are published and retired but not remembered (see the end);
+-- tool) fails a write after the topic entry: the op stream's, and that end deletes its topic entry again and is
+-- refused (WRONGTYPE), as end_transaction does; `ended`, `ended_at` or `remarks`, written after the ends, and the
+-- ends are published and retired but not remembered (see the end);
 -- `ended`, `ended_at` or `remarks` refusing the sweep of expired outcomes, made last, leaves the ends applied.
 -- The sweeps of remembered outcomes past the dedupe window (expire_ended) that an end whose time ends in 0 ms makes
 -- in end_transaction are made after the ends, together: an outcome they forget is remembered for every end of the

@@ -250,3 +250,28 @@ def test_a_dedupe_window_longer_than_the_clocks_time_forgets_nothing_and_fails_n
     reply = claim(keys=KEYS.script_keys(), args=[0, 1000, 1, 3_600_000, 10, window_ms])
     assert not isinstance(reply, Exception) and reply[0] != b"ERR", reply
     assert real_client.hlen(KEYS.ended) == 40 and real_client.xlen(KEYS.op_stream) == 40
+
+
+@pytest.mark.parametrize("outcome", ["COMMIT", "ROLLBACK"])
+@pytest.mark.parametrize("script_name", ["end_transaction", "end_transactions"])
+def test_an_op_stream_of_another_type_refuses_the_end_and_leaves_nothing_published(
+    real_client, broker, outcome, script_name
+):
+    """The op record is written after the topic entry: its key written over by another tool used to fail the end
+    with the message published and the transaction in flight, published again by every end after it. The entry is
+    deleted again in the same call; once the key is repaired, the end publishes the message once."""
+    broker.prepare_half(KEYS, Message("orders", b"x"), "tx-o", GROUP)
+    real_client.set(KEYS.op_stream, "someone else's value")
+    script = register_topic_script(real_client, script_name)
+    args = ["tx-o", GROUP, outcome, EndSource.CHECKER.value, "", 60_000, 1000, ""]
+    batched = script_name == "end_transactions"
+    for _ in range(3):
+        reply = script(keys=KEYS.script_keys(), args=[8, *args] if batched else args)
+        reply = reply[0] if batched else reply
+        assert reply[:2] == [b"ERR", b"WRONGTYPE"] and KEYS.op_stream.encode() in reply[2], reply
+        assert real_client.xlen("orders") == 0 and real_client.hexists(KEYS.inflight, "tx-o")
+    real_client.delete(KEYS.op_stream)
+    reply = script(keys=KEYS.script_keys(), args=[8, *args] if batched else args)
+    assert (reply[0] if batched else reply)[:2] == [b"OK", outcome.encode()]
+    assert real_client.xlen("orders") == (1 if outcome == "COMMIT" else 0)
+    assert not real_client.hexists(KEYS.inflight, "tx-o") and real_client.xlen(KEYS.op_stream) == 1

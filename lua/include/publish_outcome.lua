@@ -8,9 +8,10 @@
 -- Defines: committed_id (the topic stream entry's id, '' for ROLLBACK), op_id (the op record's id).
 -- Returns from the script (or the function it is inlined in), having written nothing, {'ERR', 'WRONGTYPE' |
 -- 'REFUSED', detail} when the topic stream refuses the message (the topic key holds another type, or the server is
--- out of memory), and the READONLY error itself on a replica (a demoted master: the client takes it for a lost
+-- out of memory) or the op stream refuses the record (its key holds another type: the topic entry just written is
+-- deleted again), and the READONLY error itself on a replica (a demoted master: the client takes it for a lost
 -- connection and sends again to the master).
--- Commands: XADD to the topic stream on COMMIT, XADD to the op stream.
+-- Commands: XADD to the topic stream on COMMIT, XADD to the op stream (XDEL of the topic entry when it fails).
 local committed_id = ''
 if outcome == 'COMMIT' then
   if half['keys'] or half['tags'] or half['properties'] then
@@ -34,6 +35,21 @@ if outcome == 'COMMIT' then
     return {'ERR', 'REFUSED', 'the topic stream refused the message: ' .. err}
   end
 end
-local op_id = redis.call('XADD', op_stream, 'MAXLEN', '~', op_maxlen, '*',
+local op_id = redis.pcall('XADD', op_stream, 'MAXLEN', '~', op_maxlen, '*',
   'transaction_id', txid, 'outcome', outcome, 'half_id', half_id, 'committed_id', committed_id,
   'source', source, 'remark', remark)
+if type(op_id) == 'table' then
+  -- the topic entry goes again, in the same call (no reader saw it): a message published while its transaction
+  -- stays in flight would be published again by the next end
+  if committed_id ~= '' then
+    redis.call('XDEL', topic_stream, committed_id)
+  end
+  local err = tostring(op_id['err'])
+  if string.find(err, '^READONLY') then
+    return redis.error_reply(err)
+  end
+  if string.find(err, 'WRONGTYPE', 1, true) then
+    return {'ERR', 'WRONGTYPE', 'the op stream key ' .. op_stream .. ' holds another type than a stream'}
+  end
+  return {'ERR', 'REFUSED', 'the op stream refused the outcome\'s record: ' .. err}
+end
