@@ -19,10 +19,9 @@ local txid, action, window_ms, op_maxlen, remark = ARGV[1], ARGV[2], tonumber(AR
 if txid == '' or (action ~= 'COMMIT' and action ~= 'ROLLBACK' and action ~= 'RECHECK') then
   return fail('BADARG', 'need a transaction_id and an action of COMMIT, ROLLBACK or RECHECK')
 end
-if not (window_ms and window_ms >= 0 and window_ms <= 9007199254740992 and op_maxlen and op_maxlen >= 1
-        and op_maxlen <= 9007199254740992 and op_maxlen == math.floor(op_maxlen)) then  -- NaN fails too (end_args)
-  return fail('BADARG', 'dedupe_window_ms must be a number from 0 to 2^53 and op_stream_maxlen a whole number from 1 '
-                        .. 'to 2^53')
+--#include outcome_numbers
+if numbers_refused then
+  return fail('BADARG', numbers_refused)
 end
 local now = now_ms()
 

@@ -75,8 +75,7 @@ local function call_one(at)
   end
 
   if not born_ms then
-    local time = redis.call('TIME')
-    born_ms = time[1] .. string.sub(string.rep('0', 6 - #time[2]) .. time[2], 1, 3)
+    --#include born_ms
   end
   --#include half_fields
   half_of[txid] = half_id

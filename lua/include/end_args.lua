@@ -24,12 +24,9 @@ if outcome ~= 'COMMIT' and outcome ~= 'ROLLBACK' and outcome ~= 'UNKNOWN' then
   return {'ERR', 'BADARG', 'outcome must be COMMIT, ROLLBACK or UNKNOWN, got ' .. outcome}
 end
 if not checked then
-  -- every check in the form a NaN fails: the numbers reach a ZADD and the op record's XADD after the topic entry,
-  -- where a refusal would leave the message published and the transaction in flight (published again by a retry)
-  if not (window_ms and window_ms >= 0 and window_ms <= 9007199254740992 and op_maxlen and op_maxlen >= 1
-          and op_maxlen <= 9007199254740992 and op_maxlen == math.floor(op_maxlen)) then
-    return {'ERR', 'BADARG', 'dedupe_window_ms must be a number from 0 to 2^53 and op_stream_maxlen a whole number '
-                             .. 'from 1 to 2^53'}
+  --#include outcome_numbers
+  if numbers_refused then
+    return {'ERR', 'BADARG', numbers_refused}
   end
   if #maxlen_text < 16 and string.find(maxlen_text, '^[1-9]%d*$') then
     op_maxlen = maxlen_text  -- no printf of the number on its way to the XADD

@@ -3,8 +3,7 @@
 -- (prepare_half.lua) and prepare_halves.lua.
 -- Expects in scope: the topic keys (topic_keys.lua: half_stream); at, width (prepare_one.lua); txid, group, topic,
 --   partition, immunity_ms (prepare_args.lua);
---   born_ms  the server's TIME in ms, as text (a Lua number would go through printf and strtod on its way to the
---            XADD and the ZADD), made by the includer from TIME's reply: once per call in prepare_halves.lua;
+--   born_ms  the server's TIME in ms, as text (born_ms.lua): once per call in prepare_halves.lua;
 --   half_id  a local to set.
 -- Sets: half_id, the half message's id. Commands: XADD of the half message.
 local parent = width >= 10 and ARGV[at + 10] or ''

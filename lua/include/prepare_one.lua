@@ -39,10 +39,8 @@ if redis.call('HEXISTS', dead_index, txid) == 1 then
   return {'OK', '', 'DEAD', 'DUPLICATE'}
 end
 
--- Times come from the Redis server, never from a client: clients' clocks skew. The milliseconds are put together
--- as text: a Lua number would go through printf and strtod on its way to the XADD and the ZADD.
-local time = redis.call('TIME')
-local born_ms = time[1] .. string.sub(string.rep('0', 6 - #time[2]) .. time[2], 1, 3)
+local born_ms
+--#include born_ms
 --#include half_fields
 redis.call('HSET', inflight, txid, half_id)
 local wake = born_ms
