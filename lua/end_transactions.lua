@@ -7,7 +7,8 @@
 --                            at most 2000 ends
 -- Reply: one reply per end, in order: end_transaction's reply ({'OK', ...} or {'ERR', code, detail}), or the error
 --        reply of a command that failed inside that end (the Lua error end_transaction would have raised: a
---        redis.call refused, e.g. out of memory); the ends before and after it still run. An error reply for the
+--        redis.call refused, e.g. a half stream written over with another type; out of memory at an end's first
+--        write is its {'ERR', 'REFUSED', detail}); the ends before and after it still run. An error reply for the
 --        whole call for a malformed ARGV, and when the server is a replica (READONLY, MASTERDOWN: each_call.lua).
 -- Cost: the indexes are read and written once per call, not once per end. Before the ends, one HMGET of
 -- `inflight` and one ZMSCORE of `unchecked` (which transactions are in flight, which were never checked) and one

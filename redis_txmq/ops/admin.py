@@ -118,7 +118,9 @@ def consumer_lag(client: Any, partitions: list[TopicKeys]) -> list[dict[str, Any
       Redis computes from the group's entries-read counter), the sum over the partitions whose lag is known. Redis
       cannot tell it for a partition with entries deleted (``XDEL``) past the group's last delivery, or whose group
       was set to an arbitrary id: such partitions are counted in ``undelivered_unknown_partitions`` (``undelivered``
-      is then a lower bound; None when no partition's is known);
+      is then a lower bound; None when no partition's is known). On Redis 7.0 (seen on 7.0.15), once the group has
+      read past such a deleted entry, its lag stays one too high per entry: an end refused because its op stream
+      key held another type deletes the topic entry it had just written (``lua/include/publish_outcome.lua``);
     - ``pending``: delivered and not acknowledged; ``oldest_pending_idle_seconds``: the longest any of them has
       been held since its last delivery, over the partitions (None when nothing is pending): not the lowest id's, which
       a claim may have delivered again a moment ago (``_longest_idle``, ``PENDING_SCAN_LIMIT``);
